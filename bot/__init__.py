@@ -1,0 +1,1 @@
+"""review-bot: AI code review for GitHub and GitLab, scheduled by a multilevel feedback queue."""

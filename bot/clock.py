@@ -1,0 +1,45 @@
+"""Clocks: every decision takes `now` from one of these, never from the wall directly."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+EPOCH = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)  # a Monday morning: the start of virtual time
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    """Wall-clock time in UTC."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class VirtualClock:
+    """Time that moves only when told to (simulation and tests)."""
+
+    def __init__(self, start: datetime = EPOCH) -> None:
+        self._now = start
+        self.start = start
+
+    def now(self) -> datetime:
+        return self._now
+
+    def advance(self, seconds: float) -> datetime:
+        if seconds < 0:
+            raise ValueError("virtual time only moves forward")
+        self._now += timedelta(seconds=seconds)
+        return self._now
+
+    def set(self, when: datetime) -> datetime:
+        if when < self._now:
+            raise ValueError("virtual time only moves forward")
+        self._now = when
+        return self._now
+
+    def elapsed(self) -> float:
+        return (self._now - self.start).total_seconds()

@@ -1,0 +1,184 @@
+"""Settings from the environment, with embedded defaults that run the demo."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bot.errors import ConfigError
+from bot.model import Level
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_POLICY_DIR = REPO_ROOT / "policies"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """Knobs of the multilevel feedback queue."""
+
+    workers: int = 8
+    weights: tuple[int, int, int, int] = (8, 4, 2, 1)
+    # GPU seconds a job may use at a level before it drops one (P3 has no quantum).
+    quantum_s: tuple[float, float, float] = (120.0, 90.0, 240.0)
+    aging_interval_s: float = 1800.0
+    lease_s: float = 300.0
+    heartbeat_s: float = 30.0
+    max_attempts: int = 3
+    retry_backoff_s: float = 10.0
+    poll_s: float = 5.0  # fallback poll when LISTEN/NOTIFY is quiet
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSettings:
+    """Wait thresholds per level (P3 has none) and where alerts go."""
+
+    threshold_s: Mapping[Level, float] = field(
+        default_factory=lambda: {Level.P0: 10.0, Level.P1: 60.0, Level.P2: 300.0}
+    )
+    webhook_url: str | None = None
+    min_interval_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the bot reads from its environment."""
+
+    database_url: str | None = None
+    github_webhook_secret: str | None = None
+    gitlab_webhook_token: str | None = None
+    insecure_dev: bool = False
+    github_api_url: str = "https://api.github.com"
+    github_token: str | None = None
+    github_app_id: str | None = None
+    github_private_key: str | None = None
+    gitlab_url: str = "https://gitlab.com"
+    gitlab_token: str | None = None
+    policy_dir: Path = DEFAULT_POLICY_DIR
+    llm_backend: str = "simulated"
+    llm_base_urls: tuple[str, ...] = ()
+    llm_model: str = "review-model"
+    llm_api_key: str | None = None
+    llm_pass_priority: bool = True
+    llm_timeout_s: float = 600.0
+    max_body_bytes: int = 25 * 1024 * 1024
+    admin_token: str | None = None
+    bot_login: str = "review-bot"
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    alerts: AlertSettings = field(default_factory=AlertSettings)
+
+    def with_changes(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _float(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from exc
+
+
+def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _numbers(environ: Mapping[str, str], name: str, count: int) -> tuple[float, ...] | None:
+    raw = environ.get(name)
+    if not raw:
+        return None
+    parts = [part for part in raw.replace(":", ",").split(",") if part.strip()]
+    try:
+        values = tuple(float(part) for part in parts)
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be {count} numbers, got {raw!r}") from exc
+    if len(values) != count or any(value <= 0 for value in values):
+        raise ConfigError(f"{name} must be {count} positive numbers, got {raw!r}")
+    return values
+
+
+def _secret(environ: Mapping[str, str], name: str) -> str | None:
+    """Read NAME, or the file named by NAME_FILE (for Docker/Kubernetes secrets)."""
+    value = environ.get(name)
+    if value:
+        return value
+    path = environ.get(f"{name}_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{name}_FILE={path!r} cannot be read: {exc}") from exc
+    return None
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Build Settings from environment variables; raises ConfigError naming the bad variable."""
+    env = os.environ if environ is None else environ
+    weights = _numbers(env, "REVIEW_BOT_WEIGHTS", 4)
+    quanta = _numbers(env, "REVIEW_BOT_QUANTUM_S", 3)
+    scheduler = SchedulerSettings(
+        workers=_int(env, "REVIEW_BOT_WORKERS", 8),
+        weights=tuple(int(w) for w in weights) if weights else (8, 4, 2, 1),  # type: ignore[arg-type]
+        quantum_s=quanta if quanta else SchedulerSettings().quantum_s,  # type: ignore[arg-type]
+        aging_interval_s=_float(env, "REVIEW_BOT_AGING_S", 1800.0),
+        lease_s=_float(env, "REVIEW_BOT_LEASE_S", 300.0),
+        heartbeat_s=_float(env, "REVIEW_BOT_HEARTBEAT_S", 30.0),
+        max_attempts=_int(env, "REVIEW_BOT_MAX_ATTEMPTS", 3),
+    )
+    if scheduler.workers < 1:
+        raise ConfigError("REVIEW_BOT_WORKERS must be at least 1")
+    thresholds = _numbers(env, "REVIEW_BOT_ALERT_THRESHOLDS_S", 3)
+    alerts = AlertSettings(
+        threshold_s=(
+            dict(zip((Level.P0, Level.P1, Level.P2), thresholds, strict=True))
+            if thresholds
+            else AlertSettings().threshold_s
+        ),
+        webhook_url=env.get("REVIEW_BOT_ALERT_WEBHOOK_URL") or None,
+    )
+    urls = tuple(u.strip() for u in env.get("REVIEW_BOT_LLM_URLS", "").split(",") if u.strip())
+    return Settings(
+        database_url=env.get("DATABASE_URL") or None,
+        github_webhook_secret=_secret(env, "GITHUB_WEBHOOK_SECRET"),
+        gitlab_webhook_token=_secret(env, "GITLAB_WEBHOOK_TOKEN"),
+        insecure_dev=_bool(env, "REVIEW_BOT_INSECURE_DEV", False),
+        github_api_url=env.get("GITHUB_API_URL", "https://api.github.com"),
+        github_token=_secret(env, "GITHUB_TOKEN"),
+        github_app_id=env.get("GITHUB_APP_ID") or None,
+        github_private_key=_secret(env, "GITHUB_PRIVATE_KEY"),
+        gitlab_url=env.get("GITLAB_URL", "https://gitlab.com"),
+        gitlab_token=_secret(env, "GITLAB_TOKEN"),
+        policy_dir=Path(env.get("REVIEW_BOT_POLICY_DIR") or DEFAULT_POLICY_DIR),
+        llm_backend=env.get("REVIEW_BOT_LLM", "simulated"),
+        llm_base_urls=urls,
+        llm_model=env.get("REVIEW_BOT_LLM_MODEL", "review-model"),
+        llm_api_key=_secret(env, "REVIEW_BOT_LLM_API_KEY"),
+        llm_pass_priority=_bool(env, "REVIEW_BOT_LLM_PRIORITY", True),
+        llm_timeout_s=_float(env, "REVIEW_BOT_LLM_TIMEOUT_S", 600.0),
+        max_body_bytes=_int(env, "REVIEW_BOT_MAX_BODY_BYTES", 25 * 1024 * 1024),
+        admin_token=_secret(env, "REVIEW_BOT_ADMIN_TOKEN"),
+        bot_login=env.get("REVIEW_BOT_LOGIN", "review-bot"),
+        scheduler=scheduler,
+        alerts=alerts,
+    )

@@ -1,0 +1,75 @@
+"""Database URLs, engines and migrations."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from bot.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+def async_url(url: str) -> str:
+    """Return the URL with SQLAlchemy's asyncpg driver; raises ConfigError for non-PostgreSQL."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # sqlalchemy raises ArgumentError with a terse text
+        raise ConfigError(f"DATABASE_URL is not a database URL: {exc}") from exc
+    if parsed.get_backend_name() not in {"postgresql", "postgres"}:
+        raise ConfigError(f"DATABASE_URL must be a PostgreSQL URL, got {parsed.drivername!r}")
+    return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+def plain_url(url: str) -> str:
+    """Return the URL as libpq/asyncpg spell it (for LISTEN connections and tools)."""
+    parsed = make_url(async_url(url))
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    """Create the async engine every store and report shares."""
+    return create_async_engine(
+        async_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+    )
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["database_url"] = url
+    return config
+
+
+async def upgrade_database(url: str, revision: str = "head") -> None:
+    """Run migrations up to `revision`."""
+    log.info("migrating database up to %s", revision, extra={"action": "db_upgrade"})
+    await asyncio.to_thread(command.upgrade, alembic_config(url), revision)
+
+
+async def downgrade_database(url: str, revision: str) -> None:
+    """Run migrations down to `revision` (`base` removes everything)."""
+    log.info("migrating database down to %s", revision, extra={"action": "db_downgrade"})
+    await asyncio.to_thread(command.downgrade, alembic_config(url), revision)
+
+
+def current_head() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(
+        alembic_config("postgresql://unused/none")
+    ).get_current_head()
+    if head is None:
+        raise ConfigError("no migrations found")
+    return head

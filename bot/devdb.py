@@ -1,0 +1,214 @@
+"""Find or make a PostgreSQL server for tests and the demo, and scratch databases on it.
+
+Order: DATABASE_URL if set; else the server on 127.0.0.1:5432 if one answers; else a
+throwaway cluster made with the machine's initdb/pg_ctl; else the `pgserver` wheel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import logging
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from bot.db import plain_url
+from bot.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _local_server_answers(host: str = "127.0.0.1", port: int = 5432) -> str | None:
+    """Return an admin URL for the local server if it accepts us, else None."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            pass
+    except OSError:
+        return None
+    for user in dict.fromkeys(
+        [os.environ.get("PGUSER", ""), "postgres", os.environ.get("USER", "")]
+    ):
+        if not user:
+            continue
+        url = f"postgresql://{user}@{host}:{port}/postgres"
+        try:
+            asyncio.run(_check(url))
+        except (OSError, asyncpg.PostgresError):
+            continue
+        return url
+    return None
+
+
+async def _check(url: str) -> None:
+    conn = await asyncpg.connect(url, timeout=3)
+    try:
+        await conn.execute("SELECT 1")
+    finally:
+        await conn.close()
+
+
+def _find_binary(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
+    return candidates[0] if candidates else None
+
+
+def _unprivileged_user() -> str | None:
+    import pwd
+
+    for name in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        if shutil.which("runuser"):
+            return name
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _throwaway_cluster(initdb: str, pg_ctl: str) -> Iterator[str]:
+    """A PostgreSQL cluster in a temp directory, stopped and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="review-bot-pg-"))
+    data = root / "data"
+    port = _free_port()
+    user = "postgres"
+    run_as: list[str] = []
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # initdb refuses to run as root: run the cluster as an unprivileged system user.
+        owner = _unprivileged_user()
+        if owner is None:
+            raise ConfigError("initdb cannot run as root and no unprivileged user was found")
+        run_as = ["runuser", "-u", owner, "--"]
+        shutil.chown(root, owner)
+    subprocess.run(
+        [*run_as, initdb, "-D", str(data), "-U", user, "-A", "trust", "--no-sync", "-E", "UTF8"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            *run_as,
+            pg_ctl,
+            "-D",
+            str(data),
+            "-l",
+            str(root / "log"),
+            "-w",
+            "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield f"postgresql://{user}@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _pgserver_cluster() -> Iterator[str]:
+    """PostgreSQL from the `pgserver` wheel, installed on demand."""
+    try:
+        import pgserver  # type: ignore[import-not-found]
+    except ImportError:
+        log.warning("no PostgreSQL found; installing pgserver from PyPI")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "pgserver>=0.1.4"], check=True
+        )
+        import pgserver
+
+    root = Path(tempfile.mkdtemp(prefix="review-bot-pgserver-"))
+    server = pgserver.get_server(str(root), cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def provision_server() -> Iterator[str]:
+    """Yield an admin URL of a PostgreSQL server that may create databases."""
+    configured = os.environ.get("DATABASE_URL")
+    if configured:
+        log.info("using DATABASE_URL", extra={"action": "db_provision", "source": "env"})
+        yield plain_url(configured)
+        return
+    local = _local_server_answers()
+    if local:
+        log.info("using the local server", extra={"action": "db_provision", "source": "local"})
+        yield local
+        return
+    initdb, pg_ctl = _find_binary("initdb"), _find_binary("pg_ctl")
+    if initdb and pg_ctl:
+        log.info("starting a throwaway cluster", extra={"action": "db_provision"})
+        with _throwaway_cluster(initdb, pg_ctl) as url:
+            yield url
+        return
+    with _pgserver_cluster() as url:
+        yield url
+
+
+def database_url(server_url: str, name: str) -> str:
+    """The URL of database `name` on the server of `server_url`."""
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
+def unique_database_name(prefix: str = "review_bot") -> str:
+    return f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+async def create_database(server_url: str, name: str, *, template: str | None = None) -> str:
+    """Create database `name` (optionally from a template); returns its URL."""
+    conn = await asyncpg.connect(server_url, timeout=10)
+    try:
+        clause = f' TEMPLATE "{template}"' if template else ""
+        await conn.execute(f'CREATE DATABASE "{name}"{clause}')
+    finally:
+        await conn.close()
+    return database_url(server_url, name)
+
+
+async def drop_database(server_url: str, name: str) -> None:
+    """Drop database `name`, disconnecting whoever is still in it."""
+    conn = await asyncpg.connect(server_url, timeout=10)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(server_url: str, prefix: str = "review_bot") -> AsyncIterator[str]:
+    """A fresh, uniquely named database, dropped afterwards."""
+    name = unique_database_name(prefix)
+    url = await create_database(server_url, name)
+    try:
+        yield url
+    finally:
+        await drop_database(server_url, name)

@@ -1,0 +1,198 @@
+"""Table definitions: the queue's one source of truth (Alembic migrations create the same)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+from bot.model import ChunkState, JobState
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+def _in_list(column: str, values: list[str]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+JOB_STATES = [state.value for state in JobState]
+CHUNK_STATES = [state.value for state in ChunkState]
+LIVE_JOB_STATES = ["waiting", "queued", "running"]
+
+review_jobs = Table(
+    "review_jobs",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("forge", Text, nullable=False),
+    Column("repo", Text, nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("project_id", BigInteger),
+    Column("installation_id", BigInteger),
+    Column("title", Text, nullable=False, server_default=""),
+    Column("author", Text, nullable=False, server_default=""),
+    Column("author_is_bot", Boolean, nullable=False, server_default=text("false")),
+    Column("base_ref", Text, nullable=False, server_default=""),
+    Column("head_ref", Text, nullable=False, server_default=""),
+    Column("base_sha", Text, nullable=False, server_default=""),
+    Column("head_sha", Text, nullable=False),
+    Column("files_changed", Integer),
+    Column("additions", Integer),
+    Column("deletions", Integer),
+    Column("total_lines", Integer, nullable=False, server_default="0"),
+    Column("base_level", SmallInteger, nullable=False),
+    Column("level", SmallInteger, nullable=False),
+    Column("level_gpu_seconds", Float, nullable=False, server_default="0"),
+    Column("reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("state", Text, nullable=False),
+    Column("dedupe_key", Text, nullable=False),
+    Column("enqueued_at", DateTime(timezone=True), nullable=False),
+    Column("ready_at", DateTime(timezone=True)),
+    Column("last_progress_at", DateTime(timezone=True), nullable=False),
+    Column("first_started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text),
+    Column(
+        "depends_on",
+        ARRAY(BigInteger),
+        nullable=False,
+        server_default=text("'{}'::bigint[]"),
+    ),
+    Column("planned", Boolean, nullable=False, server_default=text("false")),
+    Column("chunks_total", Integer, nullable=False, server_default="0"),
+    Column("chunks_done", Integer, nullable=False, server_default="0"),
+    Column("gpu_seconds", Float, nullable=False, server_default="0"),
+    Column("request", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("review", JSONB),
+    Column("superseded_by", BigInteger),
+    CheckConstraint(_in_list("state", JOB_STATES), name="state"),
+    CheckConstraint("base_level BETWEEN 0 AND 3 AND level BETWEEN 0 AND 3", name="level"),
+    UniqueConstraint("dedupe_key"),
+    Index(
+        "ix_review_jobs_live_pull",
+        "forge",
+        "repo",
+        "number",
+        postgresql_where=text(_in_list("state", LIVE_JOB_STATES)),
+    ),
+    Index(
+        "ix_review_jobs_unplanned",
+        "enqueued_at",
+        postgresql_where=text("NOT planned AND state IN ('queued', 'waiting')"),
+    ),
+    Index(
+        "ix_review_jobs_aging",
+        "last_progress_at",
+        postgresql_where=text("state IN ('queued', 'running') AND level > 0"),
+    ),
+    Index("ix_review_jobs_enqueued_at", "enqueued_at"),
+)
+
+review_chunks = Table(
+    "review_chunks",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column(
+        "job_id",
+        BigInteger,
+        ForeignKey("review_jobs.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("seq", Integer, nullable=False),
+    Column("level", SmallInteger, nullable=False),
+    Column("rank", Float, nullable=False, server_default="0"),
+    Column("state", Text, nullable=False),
+    Column("files", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("lines", Integer, nullable=False, server_default="0"),
+    Column("available_at", DateTime(timezone=True), nullable=False),
+    Column("lease_owner", Text),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("gpu_seconds", Float),
+    Column("result", JSONB),
+    CheckConstraint(_in_list("state", CHUNK_STATES), name="state"),
+    UniqueConstraint("job_id", "seq"),
+    # Matches the dequeue's ORDER BY within one level, and only covers what can be taken.
+    Index(
+        "ix_review_chunks_dequeue",
+        "level",
+        "rank",
+        "id",
+        postgresql_where=text("state = 'queued'"),
+    ),
+    Index(
+        "ix_review_chunks_lease",
+        "lease_expires_at",
+        postgresql_where=text("state = 'running'"),
+    ),
+    Index(
+        "ix_review_chunks_load",
+        "level",
+        "state",
+        postgresql_where=text("state IN ('queued', 'running')"),
+    ),
+)
+
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("delivery_id", Text, nullable=False),
+    Column("forge", Text, nullable=False),
+    Column("event", Text, nullable=False, server_default=""),
+    Column("action", Text),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("detail", JSONB),
+    Column("job_id", BigInteger),
+    UniqueConstraint("delivery_id"),
+    Index("ix_webhook_deliveries_received_at", "received_at"),
+)
+
+job_history = Table(
+    "job_history",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column(
+        "job_id",
+        BigInteger,
+        ForeignKey("review_jobs.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("from_value", Text),
+    Column("to_value", Text),
+    Column("reason", Text, nullable=False, server_default=""),
+    Column("actor", Text, nullable=False, server_default="system"),
+    Column("detail", JSONB),
+    CheckConstraint("kind IN ('state', 'level', 'command')", name="kind"),
+    Index("ix_job_history_job_id", "job_id", "id"),
+    Index("ix_job_history_at", "at"),
+)

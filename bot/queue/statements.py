@@ -1,0 +1,400 @@
+"""Every SQL statement of the queue, named, each with its intent. `now` is always a parameter."""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+
+def _sql(statement: str) -> TextClause:
+    return text(statement)
+
+
+# Record a webhook delivery once; returns no row when the delivery id was seen before.
+INSERT_DELIVERY = _sql(
+    """
+    INSERT INTO webhook_deliveries (delivery_id, forge, event, action, received_at, outcome,
+                                    detail, job_id)
+    VALUES (:delivery_id, :forge, :event, :action, :now, :outcome,
+            CAST(:detail AS jsonb), :job_id)
+    ON CONFLICT (delivery_id) DO NOTHING
+    RETURNING id
+    """
+)
+
+# Link an accepted delivery to the job it created or touched.
+UPDATE_DELIVERY_OUTCOME = _sql(
+    """
+    UPDATE webhook_deliveries SET outcome = :outcome, job_id = :job_id,
+           detail = COALESCE(CAST(:detail AS jsonb), detail)
+    WHERE delivery_id = :delivery_id
+    """
+)
+
+# The job already created for this exact change (idempotent enqueue).
+SELECT_JOB_BY_DEDUPE_KEY = _sql("SELECT * FROM review_jobs WHERE dedupe_key = :dedupe_key")
+
+# Insert a new job; a concurrent twin with the same dedupe key wins and we return nothing.
+INSERT_JOB = _sql(
+    """
+    INSERT INTO review_jobs (forge, repo, number, project_id, installation_id, title, author,
+        author_is_bot, base_ref, head_ref, base_sha, head_sha, files_changed, additions,
+        deletions, total_lines, base_level, level, reasons, state, dedupe_key, enqueued_at,
+        ready_at, last_progress_at, depends_on, request)
+    VALUES (:forge, :repo, :number, :project_id, :installation_id, :title, :author,
+        :author_is_bot, :base_ref, :head_ref, :base_sha, :head_sha, :files_changed, :additions,
+        :deletions, :total_lines, :level, :level, CAST(:reasons AS jsonb), :state, :dedupe_key,
+        :now, :ready_at, :now, CAST(:depends_on AS bigint[]), CAST(:request AS jsonb))
+    ON CONFLICT (dedupe_key) DO NOTHING
+    RETURNING id
+    """
+)
+
+# Older live reviews of the same PR give way to the newer head sha.
+SUPERSEDE_OLDER_JOBS = _sql(
+    """
+    UPDATE review_jobs SET state = 'superseded', finished_at = :now, superseded_by = :job_id
+    WHERE forge = :forge AND repo = :repo AND number = :number AND id <> :job_id
+      AND state IN ('waiting', 'queued', 'running')
+    RETURNING id, state
+    """
+)
+
+# Chunks of superseded or cancelled jobs that have not started will never run.
+CANCEL_PENDING_CHUNKS = _sql(
+    """
+    UPDATE review_chunks SET state = 'cancelled', finished_at = :now
+    WHERE job_id = ANY(CAST(:job_ids AS bigint[])) AND state IN ('queued', 'blocked')
+    """
+)
+
+# Cancel every live job of one PR (closed without merge, `/review cancel`).
+CANCEL_LIVE_JOBS = _sql(
+    """
+    UPDATE review_jobs SET state = 'cancelled', finished_at = :now, last_error = :reason
+    WHERE forge = :forge AND repo = :repo AND number = :number
+      AND state IN ('waiting', 'queued', 'running')
+    RETURNING id
+    """
+)
+
+# Dependencies that are still unfinished (a job waits while any is live).
+SELECT_LIVE_DEPENDENCIES = _sql(
+    """
+    SELECT id, level FROM review_jobs
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND state IN ('waiting', 'queued', 'running')
+    """
+)
+
+# Append to the job's history (state, level and command entries).
+INSERT_HISTORY = _sql(
+    """
+    INSERT INTO job_history (job_id, at, kind, from_value, to_value, reason, actor, detail)
+    VALUES (:job_id, :now, :kind, :from_value, :to_value, :reason, :actor,
+            CAST(:detail AS jsonb))
+    """
+)
+
+# Jobs whose diff has not been fetched and chunked yet, oldest first, one planner each.
+CLAIM_UNPLANNED_JOBS = _sql(
+    """
+    SELECT * FROM review_jobs
+    WHERE NOT planned AND state IN ('queued', 'waiting')
+    ORDER BY level, enqueued_at, id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+    """
+)
+
+# Store a job's chunks; they are queued, or blocked while the job waits for dependencies.
+INSERT_CHUNKS = _sql(
+    """
+    INSERT INTO review_chunks (job_id, seq, level, rank, state, files, lines, available_at)
+    SELECT :job_id, plan.seq, job.level, plan.rank,
+           CASE WHEN job.state = 'waiting' THEN 'blocked' ELSE 'queued' END,
+           plan.files, plan.lines, :now
+    FROM review_jobs job,
+         jsonb_to_recordset(CAST(:plans AS jsonb))
+             AS plan(seq int, rank double precision, files jsonb, lines int)
+    WHERE job.id = :job_id
+    """
+)
+
+# Mark a job planned, with its size and (possibly re-evaluated) level.
+MARK_JOB_PLANNED = _sql(
+    """
+    UPDATE review_jobs SET planned = true, chunks_total = :chunks_total,
+           total_lines = :total_lines, files_changed = COALESCE(:files_changed, files_changed),
+           additions = COALESCE(:additions, additions),
+           deletions = COALESCE(:deletions, deletions),
+           state = CASE WHEN :chunks_total = 0 AND state = 'queued' THEN 'running' ELSE state END
+    WHERE id = :job_id AND NOT planned
+    RETURNING id, state
+    """
+)
+
+# How much work is running and ready per level, across every dispatcher process.
+SELECT_LEVEL_LOAD = _sql(
+    """
+    SELECT level,
+           count(*) FILTER (WHERE state = 'running') AS running,
+           count(*) FILTER (WHERE state = 'queued' AND available_at <= :now) AS ready
+    FROM review_chunks
+    WHERE state IN ('queued', 'running')
+    GROUP BY level
+    """
+)
+
+# THE dequeue. For each level in the caller's order of preference, the best queued chunk of
+# that level (the partial index ix_review_chunks_dequeue serves the inner ORDER BY), locked
+# with SKIP LOCKED so concurrent dispatchers never meet; the first level that has one wins;
+# the chunk is leased and its job marked started, all in one statement.
+FETCH_CHUNK = _sql(
+    """
+    WITH preference AS (
+        SELECT level, position
+        FROM unnest(CAST(:levels AS smallint[])) WITH ORDINALITY AS p(level, position)
+    ),
+    candidate AS (
+        SELECT pick.id
+        FROM preference
+        CROSS JOIN LATERAL (
+            SELECT c.id FROM review_chunks c
+            WHERE c.state = 'queued' AND c.level = preference.level
+              AND c.available_at <= :now
+            ORDER BY c.rank, c.id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ) AS pick
+        ORDER BY preference.position
+        LIMIT 1
+    ),
+    leased AS (
+        UPDATE review_chunks c
+        SET state = 'running', lease_owner = :owner, lease_expires_at = :lease_expires_at,
+            started_at = :now, attempts = c.attempts + 1
+        FROM candidate
+        WHERE c.id = candidate.id
+        RETURNING c.*
+    ),
+    started AS (
+        UPDATE review_jobs j
+        SET state = 'running', first_started_at = COALESCE(j.first_started_at, :now),
+            last_progress_at = :now
+        FROM leased
+        WHERE j.id = leased.job_id
+        RETURNING j.id, (j.first_started_at = :now) AS first_start
+    )
+    SELECT leased.*, started.first_start FROM leased JOIN started ON started.id = leased.job_id
+    """
+)
+
+# Extend the leases a worker still holds.
+HEARTBEAT = _sql(
+    """
+    UPDATE review_chunks SET lease_expires_at = :lease_expires_at
+    WHERE id = ANY(CAST(:chunk_ids AS bigint[])) AND lease_owner = :owner AND state = 'running'
+    """
+)
+
+# Finish a chunk the caller holds; no row means the lease was lost.
+FINISH_CHUNK = _sql(
+    """
+    UPDATE review_chunks
+    SET state = 'done', finished_at = :now, gpu_seconds = :gpu_seconds,
+        result = CAST(:result AS jsonb), lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+    RETURNING job_id
+    """
+)
+
+# Count a finished chunk against its job: progress, GPU time, GPU time at this level.
+ACCOUNT_FINISHED_CHUNK = _sql(
+    """
+    UPDATE review_jobs
+    SET chunks_done = chunks_done + 1, gpu_seconds = gpu_seconds + :gpu_seconds,
+        level_gpu_seconds = level_gpu_seconds + :gpu_seconds, last_progress_at = :now
+    WHERE id = :job_id
+    RETURNING id, state, level, base_level, level_gpu_seconds, chunks_done, chunks_total
+    """
+)
+
+# A failed attempt: back to the queue after a backoff, while attempts remain.
+RETRY_CHUNK = _sql(
+    """
+    UPDATE review_chunks
+    SET state = 'queued', available_at = :available_at, last_error = :error,
+        lease_owner = NULL, lease_expires_at = NULL, started_at = NULL
+    WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+      AND attempts < :max_attempts AND :retryable
+    RETURNING job_id
+    """
+)
+
+# A chunk out of attempts (or failing for good) is dead, and so is its job.
+KILL_CHUNK = _sql(
+    """
+    UPDATE review_chunks
+    SET state = 'dead', finished_at = :now, last_error = :error,
+        lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+    RETURNING job_id
+    """
+)
+
+# End a job (done, failed, dead, cancelled) unless it already ended.
+FINISH_JOB = _sql(
+    """
+    UPDATE review_jobs
+    SET state = :state, finished_at = :now, last_error = COALESCE(:error, last_error),
+        review = COALESCE(CAST(:review AS jsonb), review)
+    WHERE id = :job_id AND state IN ('waiting', 'queued', 'running')
+    RETURNING id, state
+    """
+)
+
+# Give back a chunk that a stopping worker holds, without counting an attempt.
+RELEASE_CHUNK = _sql(
+    """
+    UPDATE review_chunks
+    SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, started_at = NULL,
+        attempts = GREATEST(attempts - 1, 0), available_at = :now
+    WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+    RETURNING job_id
+    """
+)
+
+# Leases that expired (their worker died): back to the queue, or dead when out of attempts.
+RECLAIM_EXPIRED = _sql(
+    """
+    UPDATE review_chunks
+    SET state = CASE WHEN attempts >= :max_attempts THEN 'dead' ELSE 'queued' END,
+        finished_at = CASE WHEN attempts >= :max_attempts THEN :now END,
+        last_error = 'lease expired (worker ' || COALESCE(lease_owner, '?') || ' stopped)',
+        lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, available_at = :now
+    WHERE id IN (
+        SELECT id FROM review_chunks
+        WHERE state = 'running' AND lease_expires_at < :now
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id, job_id, state
+    """
+)
+
+# Move a live job (and its unstarted chunks) to another level.
+SET_JOB_LEVEL = _sql(
+    """
+    UPDATE review_jobs new
+    SET level = :level, level_gpu_seconds = 0, last_progress_at = :now
+    FROM review_jobs old
+    WHERE new.id = old.id AND new.id = :job_id AND new.state IN ('waiting', 'queued', 'running')
+      AND new.level <> :level
+    RETURNING old.level AS from_level, new.depends_on
+    """
+)
+
+SET_CHUNK_LEVEL = _sql(
+    """
+    UPDATE review_chunks SET level = :level
+    WHERE job_id = :job_id AND state IN ('queued', 'blocked')
+    """
+)
+
+# Jobs that have waited an aging interval without progress rise one level (P0 only if born P0).
+AGE_JOBS = _sql(
+    """
+    WITH aged AS (
+        UPDATE review_jobs j
+        SET level = j.level - 1, level_gpu_seconds = 0, last_progress_at = :now
+        WHERE j.state IN ('queued', 'running') AND j.level > 0
+          AND j.last_progress_at <= :cutoff
+          AND (j.level > 1 OR j.base_level = 0)
+          AND EXISTS (SELECT 1 FROM review_chunks c WHERE c.job_id = j.id AND c.state = 'queued')
+          AND NOT EXISTS (
+              SELECT 1 FROM review_chunks c WHERE c.job_id = j.id AND c.state = 'running')
+        RETURNING j.id, j.level
+    ),
+    moved AS (
+        UPDATE review_chunks c SET level = aged.level
+        FROM aged WHERE c.job_id = aged.id AND c.state = 'queued'
+    )
+    INSERT INTO job_history (job_id, at, kind, from_value, to_value, reason, actor)
+    SELECT id, :now, 'level', 'P' || (level + 1), 'P' || level,
+           :reason, 'scheduler'
+    FROM aged
+    RETURNING job_id
+    """
+)
+
+# Waiting jobs whose dependencies have all ended become ready now.
+RELEASE_DEPENDENTS = _sql(
+    """
+    WITH ready AS (
+        UPDATE review_jobs j SET state = 'queued', ready_at = :now, last_progress_at = :now
+        WHERE j.state = 'waiting' AND :job_id = ANY(j.depends_on)
+          AND NOT EXISTS (
+              SELECT 1 FROM review_jobs d
+              WHERE d.id = ANY(j.depends_on) AND d.state IN ('waiting', 'queued', 'running'))
+        RETURNING j.id
+    ),
+    unblocked AS (
+        UPDATE review_chunks c SET state = 'queued', available_at = :now
+        FROM ready WHERE c.job_id = ready.id AND c.state = 'blocked'
+    )
+    SELECT id FROM ready
+    """
+)
+
+# Wake dispatchers listening on the queue channel.
+NOTIFY = _sql("SELECT pg_notify(:channel, :payload)")
+
+SELECT_JOB = _sql("SELECT * FROM review_jobs WHERE id = :job_id")
+
+# The newest job of one PR (live ones first).
+SELECT_NEWEST_JOB_OF_PULL = _sql(
+    """
+    SELECT * FROM review_jobs WHERE forge = :forge AND repo = :repo AND number = :number
+    ORDER BY (state IN ('waiting', 'queued', 'running')) DESC, id DESC
+    LIMIT 1
+    """
+)
+
+SELECT_JOBS = _sql(
+    """
+    SELECT * FROM review_jobs WHERE (CAST(:state AS text) IS NULL OR state = :state)
+    ORDER BY id DESC LIMIT :limit
+    """
+)
+
+SELECT_HISTORY = _sql("SELECT * FROM job_history WHERE job_id = :job_id ORDER BY id")
+
+SELECT_CHUNKS = _sql("SELECT * FROM review_chunks WHERE job_id = :job_id ORDER BY seq")
+
+# Jobs whose chunks are all done but whose review was never posted (a crash in between).
+SELECT_UNPOSTED_JOBS = _sql(
+    """
+    SELECT * FROM review_jobs
+    WHERE state = 'running' AND planned AND chunks_done >= chunks_total
+    ORDER BY level, id LIMIT :limit
+    """
+)
+
+# Place in line: queued jobs of more urgent levels, or of this level with a better rank.
+SELECT_QUEUE_POSITION = _sql(
+    """
+    SELECT count(DISTINCT c.job_id) AS ahead
+    FROM review_chunks c, (
+        SELECT min(level) AS level, min(rank) AS rank FROM review_chunks
+        WHERE job_id = :job_id AND state = 'queued') me
+    WHERE c.state = 'queued' AND c.job_id <> :job_id
+      AND (c.level < me.level OR (c.level = me.level AND c.rank < me.rank))
+    """
+)
+
+# The attempts of a chunk the caller holds, locked while its failure is decided.
+LOCK_LEASED_CHUNK = _sql(
+    "SELECT attempts FROM review_chunks WHERE id = :chunk_id AND lease_owner = :owner"
+    " AND state = 'running' FOR UPDATE"
+)
+
+# The policy's level changes with the change itself (labels, size), not a person's say.
+SET_BASE_LEVEL = _sql("UPDATE review_jobs SET base_level = :level WHERE id = :job_id")
