@@ -35,13 +35,18 @@ def plain_url(url: str) -> str:
     return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def create_engine(
+    url: str, *, pool_size: int = 10, application_name: str = "review-bot"
+) -> AsyncEngine:
     """Create the async engine every store and report shares."""
     return create_async_engine(
         async_url(url),
+        connect_args={"server_settings": {"application_name": application_name}},
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        # No pre-ping: it costs a round trip per checkout on the hot path; a dropped
+        # connection is invalidated on its first error and the store answers StoreUnavailable.
+        pool_recycle=1800,
     )
 
 

@@ -7,6 +7,7 @@ throwaway cluster made with the machine's initdb/pg_ctl; else the `pgserver` whe
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import glob
 import logging
@@ -43,7 +44,9 @@ def _local_server_answers(host: str = "127.0.0.1", port: int = 5432) -> str | No
             continue
         url = f"postgresql://{user}@{host}:{port}/postgres"
         try:
-            asyncio.run(_check(url))
+            # Callers may be inside an event loop already (benchmarks): check from a thread.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+                pool.submit(asyncio.run, _check(url)).result()
         except (OSError, asyncpg.PostgresError):
             continue
         return url

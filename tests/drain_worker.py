@@ -14,10 +14,14 @@ from bot.model import LEVELS
 from bot.queue.store import QueueSettings, QueueStore
 
 
-async def drain(url: str, owner: str) -> list[int]:
+async def drain(url: str, owner: str, *, announce: bool = False) -> list[int]:
     store = QueueStore.from_url(url, settings=QueueSettings(notify=False), pool_size=1)
     finished: list[int] = []
     try:
+        if announce:
+            await store.ping()
+            sys.stdout.write("ready\n")
+            sys.stdout.flush()
         while True:
             now = datetime.now(UTC)
             leased = await store.fetch_chunk(levels=LEVELS, owner=owner, now=now, lease_s=600)
@@ -32,5 +36,5 @@ async def drain(url: str, owner: str) -> list[int]:
 
 
 if __name__ == "__main__":
-    ids = asyncio.run(drain(sys.argv[1], sys.argv[2]))
+    ids = asyncio.run(drain(sys.argv[1], sys.argv[2], announce=True))
     sys.stdout.write("".join(f"{i}\n" for i in ids))

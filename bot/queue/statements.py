@@ -137,7 +137,14 @@ SELECT_LEVEL_LOAD = _sql(
     """
     SELECT level,
            count(*) FILTER (WHERE state = 'running') AS running,
-           count(*) FILTER (WHERE state = 'queued' AND available_at <= :now) AS ready
+           count(*) FILTER (WHERE state = 'queued' AND available_at <= :now) AS ready,
+           -- the scheduler's rank bands: first chunks rank below :fresh_below, work expected
+           -- to be short at or below :short_rank
+           count(*) FILTER (WHERE state = 'running' AND rank > :short_rank) AS running_long,
+           count(*) FILTER (WHERE state = 'queued' AND available_at <= :now
+                                  AND rank < :fresh_below) AS fresh,
+           count(*) FILTER (WHERE state = 'queued' AND available_at <= :now
+                                  AND rank <= :short_rank) AS short_ready
     FROM review_chunks
     WHERE state IN ('queued', 'running')
     GROUP BY level
@@ -146,26 +153,24 @@ SELECT_LEVEL_LOAD = _sql(
 
 # THE dequeue. For each level in the caller's order of preference, the best queued chunk of
 # that level (the partial index ix_review_chunks_dequeue serves the inner ORDER BY), locked
-# with SKIP LOCKED so concurrent dispatchers never meet; the first level that has one wins;
-# the chunk is leased and its job marked started, all in one statement.
+# with SKIP LOCKED so concurrent dispatchers never meet. There is deliberately no outer ORDER
+# BY: the lateral join is a nested loop over the preference array in its order, so LIMIT 1
+# stops at the first level that has a chunk and locks nothing in the levels after it. The
+# chunk is leased, its job marked started and a first start written to the history, all in
+# one statement.
 FETCH_CHUNK = _sql(
     """
-    WITH preference AS (
-        SELECT level, position
-        FROM unnest(CAST(:levels AS smallint[])) WITH ORDINALITY AS p(level, position)
-    ),
-    candidate AS (
+    WITH candidate AS (
         SELECT pick.id
-        FROM preference
+        FROM unnest(CAST(:levels AS smallint[])) AS preference(level)
         CROSS JOIN LATERAL (
             SELECT c.id FROM review_chunks c
             WHERE c.state = 'queued' AND c.level = preference.level
-              AND c.available_at <= :now
+              AND c.available_at <= :now AND c.rank <= :max_rank
             ORDER BY c.rank, c.id
             LIMIT 1
             FOR UPDATE SKIP LOCKED
         ) AS pick
-        ORDER BY preference.position
         LIMIT 1
     ),
     leased AS (
@@ -176,15 +181,23 @@ FETCH_CHUNK = _sql(
         WHERE c.id = candidate.id
         RETURNING c.*
     ),
+    before AS (
+        SELECT j.id, j.first_started_at IS NULL AS first_start
+        FROM review_jobs j JOIN leased ON j.id = leased.job_id
+    ),
     started AS (
         UPDATE review_jobs j
         SET state = 'running', first_started_at = COALESCE(j.first_started_at, :now),
             last_progress_at = :now
         FROM leased
         WHERE j.id = leased.job_id
-        RETURNING j.id, (j.first_started_at = :now) AS first_start
+    ),
+    history AS (
+        INSERT INTO job_history (job_id, at, kind, from_value, to_value, reason, actor)
+        SELECT before.id, :now, 'state', 'queued', 'running', 'first chunk started', :owner
+        FROM before WHERE before.first_start
     )
-    SELECT leased.*, started.first_start FROM leased JOIN started ON started.id = leased.job_id
+    SELECT leased.*, before.first_start FROM leased JOIN before ON before.id = leased.job_id
     """
 )
 
@@ -196,25 +209,24 @@ HEARTBEAT = _sql(
     """
 )
 
-# Finish a chunk the caller holds; no row means the lease was lost.
+# Finish a chunk the caller holds and count it against its job (progress, GPU time, GPU time
+# at this level), in one statement; no row means the lease was lost.
 FINISH_CHUNK = _sql(
     """
-    UPDATE review_chunks
-    SET state = 'done', finished_at = :now, gpu_seconds = :gpu_seconds,
-        result = CAST(:result AS jsonb), lease_owner = NULL, lease_expires_at = NULL
-    WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
-    RETURNING job_id
-    """
-)
-
-# Count a finished chunk against its job: progress, GPU time, GPU time at this level.
-ACCOUNT_FINISHED_CHUNK = _sql(
-    """
-    UPDATE review_jobs
-    SET chunks_done = chunks_done + 1, gpu_seconds = gpu_seconds + :gpu_seconds,
-        level_gpu_seconds = level_gpu_seconds + :gpu_seconds, last_progress_at = :now
-    WHERE id = :job_id
-    RETURNING id, state, level, base_level, level_gpu_seconds, chunks_done, chunks_total
+    WITH finished AS (
+        UPDATE review_chunks
+        SET state = 'done', finished_at = :now, gpu_seconds = :gpu_seconds,
+            result = CAST(:result AS jsonb), lease_owner = NULL, lease_expires_at = NULL
+        WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+        RETURNING job_id
+    )
+    UPDATE review_jobs j
+    SET chunks_done = j.chunks_done + 1, gpu_seconds = j.gpu_seconds + :gpu_seconds,
+        level_gpu_seconds = j.level_gpu_seconds + :gpu_seconds, last_progress_at = :now
+    FROM finished
+    WHERE j.id = finished.job_id
+    RETURNING j.id, j.state, j.level, j.base_level, j.level_gpu_seconds, j.chunks_done,
+              j.chunks_total
     """
 )
 

@@ -66,6 +66,10 @@ class LevelLoad:
 
     running: Mapping[Level, int]
     ready: Mapping[Level, int]
+    # Rank bands (see level_load): ready first chunks, ready short work, long work running.
+    fresh: Mapping[Level, int] = field(default_factory=dict)
+    short_ready: Mapping[Level, int] = field(default_factory=dict)
+    running_long: int = 0
 
     @property
     def total_running(self) -> int:
@@ -183,13 +187,20 @@ class QueueStore:
 
     def __init__(self, engine: AsyncEngine, *, settings: QueueSettings | None = None) -> None:
         self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.settings = settings or QueueSettings()
 
     @classmethod
     def from_url(
-        cls, url: str, *, settings: QueueSettings | None = None, pool_size: int = 10
+        cls,
+        url: str,
+        *,
+        settings: QueueSettings | None = None,
+        pool_size: int = 10,
+        application_name: str = "review-bot",
     ) -> QueueStore:
-        return cls(create_engine(url, pool_size=pool_size), settings=settings)
+        engine = create_engine(url, pool_size=pool_size, application_name=application_name)
+        return cls(engine, settings=settings)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -199,6 +210,19 @@ class QueueStore:
         """A transaction; connection failures become StoreUnavailable, others StoreError."""
         try:
             async with self.engine.begin() as conn:
+                yield conn
+        except (OperationalError, InterfaceError, OSError, ConnectionError) as exc:
+            raise StoreUnavailable(f"database unavailable: {exc}") from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(f"database connection lost: {exc}") from exc
+            raise StoreError(f"database error: {exc}") from exc
+
+    @asynccontextmanager
+    async def _single_statement(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in autocommit: one statement is one durable transaction, no BEGIN."""
+        try:
+            async with self._autocommit.connect() as conn:
                 yield conn
         except (OperationalError, InterfaceError, OSError, ConnectionError) as exc:
             raise StoreUnavailable(f"database unavailable: {exc}") from exc
@@ -555,24 +579,60 @@ class QueueStore:
 
     # --- scheduling -----------------------------------------------------------------------
 
-    async def level_load(self, *, now: datetime) -> LevelLoad:
-        """Running and ready chunks per level, from the database (all processes)."""
+    async def level_load(
+        self,
+        *,
+        now: datetime,
+        fresh_below: float = float("inf"),
+        short_rank: float = float("inf"),
+    ) -> LevelLoad:
+        """Running and ready chunks per level, from the database (all processes).
+
+        `fresh_below` and `short_rank` are the scheduler's rank bands: chunks ranked below the
+        first count as fresh, those at or below the second as short work.
+        """
         async with self._transaction() as conn:
-            rows = (await conn.execute(sql.SELECT_LEVEL_LOAD, {"now": now})).all()
+            rows = (
+                await conn.execute(
+                    sql.SELECT_LEVEL_LOAD,
+                    {"now": now, "fresh_below": fresh_below, "short_rank": short_rank},
+                )
+            ).all()
         running = dict.fromkeys(LEVELS, 0)
         ready = dict.fromkeys(LEVELS, 0)
+        fresh = dict.fromkeys(LEVELS, 0)
+        short_ready = dict.fromkeys(LEVELS, 0)
+        running_long = 0
         for row in rows:
             running[Level(row.level)] = row.running
             ready[Level(row.level)] = row.ready
-        return LevelLoad(running=running, ready=ready)
+            fresh[Level(row.level)] = row.fresh
+            short_ready[Level(row.level)] = row.short_ready
+            running_long += row.running_long
+        return LevelLoad(
+            running=running,
+            ready=ready,
+            fresh=fresh,
+            short_ready=short_ready,
+            running_long=running_long,
+        )
 
     async def fetch_chunk(
-        self, *, levels: Sequence[Level], owner: str, now: datetime, lease_s: float
+        self,
+        *,
+        levels: Sequence[Level],
+        owner: str,
+        now: datetime,
+        lease_s: float,
+        max_rank: float | None = None,
     ) -> Leased | None:
-        """Lease the next chunk of the first level in `levels` that has one (one statement)."""
+        """Lease the next chunk of the first level in `levels` that has one (one statement).
+
+        `max_rank` limits the choice to chunks ranked at most that (short work).
+        """
         if not levels:
             return None
-        async with self._transaction() as conn:
+        async with self._single_statement() as conn:
             row = (
                 await conn.execute(
                     sql.FETCH_CHUNK,
@@ -581,23 +641,17 @@ class QueueStore:
                         "owner": owner,
                         "now": now,
                         "lease_expires_at": now + timedelta(seconds=lease_s),
+                        "max_rank": float("inf") if max_rank is None else max_rank,
                     },
                 )
             ).first()
-            if row is None:
-                return None
-            if row.first_start:
-                await self._history(
-                    conn,
-                    job_id=row.job_id,
-                    now=now,
-                    kind="state",
-                    from_value=JobState.QUEUED.value,
-                    to_value=JobState.RUNNING.value,
-                    reason="first chunk started",
-                    actor=owner,
-                )
-        return Leased(chunk=_chunk_from_row(row), first_start=bool(row.first_start))
+        if row is None:
+            return None
+        return Leased(
+            chunk=_chunk_from_row(row),
+            first_start=bool(row.first_start),
+            extra={"rank": float(row.rank)},
+        )
 
     async def heartbeat(
         self, chunk_ids: Sequence[int], *, owner: str, now: datetime, lease_s: float
@@ -605,7 +659,7 @@ class QueueStore:
         """Extend the leases `owner` holds; returns how many it still holds."""
         if not chunk_ids:
             return 0
-        async with self._transaction() as conn:
+        async with self._single_statement() as conn:
             result = await conn.execute(
                 sql.HEARTBEAT,
                 {
@@ -626,8 +680,8 @@ class QueueStore:
         result: Mapping[str, Any],
     ) -> ChunkOutcome:
         """Store a chunk's result; raises LeaseLost when `owner` no longer holds it."""
-        async with self._transaction() as conn:
-            row = (
+        async with self._single_statement() as conn:
+            job = (
                 await conn.execute(
                     sql.FINISH_CHUNK,
                     {
@@ -639,15 +693,8 @@ class QueueStore:
                     },
                 )
             ).first()
-            if row is None:
-                raise LeaseLost(f"chunk {chunk_id} is no longer leased by {owner}")
-            job = (
-                await conn.execute(
-                    sql.ACCOUNT_FINISHED_CHUNK,
-                    {"job_id": row.job_id, "gpu_seconds": gpu_seconds, "now": now},
-                )
-            ).one()
-            await self._notify(conn, "finished")
+        if job is None:
+            raise LeaseLost(f"chunk {chunk_id} is no longer leased by {owner}")
         return ChunkOutcome(
             job_id=JobId(job.id),
             job_complete=job.state == JobState.RUNNING and job.chunks_done >= job.chunks_total,
@@ -936,7 +983,7 @@ class QueueStore:
     # --- reading --------------------------------------------------------------------------
 
     async def _fetch_all(self, statement: TextClause, params: Mapping[str, Any]) -> list[Row[Any]]:
-        async with self._transaction() as conn:
+        async with self._single_statement() as conn:
             return list((await conn.execute(statement, dict(params))).all())
 
     async def get_job(self, job_id: int) -> Job | None:

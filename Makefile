@@ -1,0 +1,52 @@
+# Two commands: `make demo` runs the bot on embedded defaults, `make test` runs every test.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
+LLM ?= simulated
+
+.PHONY: test demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check bot tests bench migrations
+	$(BIN)/ruff format --check bot tests bench migrations
+
+test: $(STAMP)
+	$(BIN)/ruff check bot tests bench migrations
+	$(BIN)/python -m pytest
+
+test-vllm: $(STAMP)
+	$(BIN)/python -m pytest -m vllm -v
+
+demo: $(STAMP)
+	$(BIN)/python -m bot demo --llm $(LLM)
+
+bench: bench-queue bench-intake bench-scheduling
+
+bench-queue: $(BENCH_STAMP)
+	$(BIN)/python bench/queue_throughput.py
+
+bench-intake: $(BENCH_STAMP)
+	$(BIN)/python bench/intake.py
+
+bench-scheduling: $(BENCH_STAMP)
+	$(BIN)/python bench/scheduling.py
+
+bench-llm: $(BENCH_STAMP)
+	$(BIN)/python bench/llm_cpu.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info

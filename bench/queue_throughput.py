@@ -1,0 +1,228 @@
+"""Queue throughput: review-bot's store against pgqueuer on the same PostgreSQL, side by side.
+
+Each side enqueues 20,000 chunks, then 8 concurrent consumers (one connection each) take one
+chunk at a time, complete it and commit durably, until the queue is empty. Reported: chunks/s
+over enqueue + drain, and dequeue latency P50/P99. review-bot also keeps priority order and
+leases; the run checks that each chunk was completed exactly once.
+
+    python bench/queue_throughput.py [--chunks 20000] [--consumers 8] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import asyncpg
+
+from bot import devdb
+from bot.db import upgrade_database
+from bot.model import LEVELS, ChunkPlan, Level, PolicyDecision, ReviewRequest
+from bot.queue.store import QueueSettings, QueueStore
+
+CHUNKS_PER_JOB = 10
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def run_review_bot(url: str, chunks: int, consumers: int) -> dict[str, float]:
+    await upgrade_database(url)
+    store = QueueStore.from_url(url, settings=QueueSettings(notify=False), pool_size=consumers)
+    now = datetime.now(UTC)
+    started = time.perf_counter()
+    jobs = chunks // CHUNKS_PER_JOB
+
+    async def enqueue_range(first: int, last: int) -> None:
+        for number in range(first, last):
+            request = ReviewRequest(
+                forge="github",
+                repo="acme/bench",
+                number=number,
+                title="bench",
+                author="dev",
+                author_is_bot=False,
+                base_ref="main",
+                head_ref=f"f/{number}",
+                base_sha="b" * 40,
+                head_sha=f"{number:040d}",
+                event="pull_request",
+                action="opened",
+            )
+            level = Level(number % 4)
+            result = await store.submit_request(
+                request, PolicyDecision(level=level, reasons=("bench",)), now=now
+            )
+            assert result.job_id is not None
+            plans = [
+                ChunkPlan(files=({"path": f"f{i}.py", "lines": 10},), lines=10)
+                for i in range(CHUNKS_PER_JOB)
+            ]
+            await store.plan_job(result.job_id, plans, now=now)
+
+    step = max(1, jobs // consumers)
+    await asyncio.gather(*(enqueue_range(i, min(jobs, i + step)) for i in range(0, jobs, step)))
+    enqueued = time.perf_counter()
+    latencies: list[float] = []
+    finished: list[int] = []
+    levels_seen: list[int] = []
+
+    async def consume(owner: str) -> None:
+        while True:
+            t0 = time.perf_counter()
+            leased = await store.fetch_chunk(
+                levels=LEVELS, owner=owner, now=datetime.now(UTC), lease_s=300
+            )
+            latencies.append(time.perf_counter() - t0)
+            if leased is None:
+                return
+            levels_seen.append(int(leased.chunk.level))
+            await store.finish_chunk(
+                leased.chunk.id,
+                owner=owner,
+                now=datetime.now(UTC),
+                gpu_seconds=0.0,
+                result={"ok": True},
+            )
+            finished.append(leased.chunk.id)
+
+    await asyncio.gather(*(consume(f"consumer-{i}") for i in range(consumers)))
+    drained = time.perf_counter()
+    await store.close()
+    counts = Counter(finished)
+    assert len(counts) == chunks and max(counts.values()) == 1, "a chunk was lost or repeated"
+    # Priority order: with every chunk queued up front, levels come out in order (allowing
+    # the overlap of consumers racing at each level boundary).
+    inversions = sum(1 for a, b in itertools.pairwise(levels_seen) if b < a)
+    return {
+        "enqueue_s": enqueued - started,
+        "drain_s": drained - enqueued,
+        "chunks_per_s": chunks / (drained - started),
+        "drain_chunks_per_s": chunks / (drained - enqueued),
+        "dequeue_p50_ms": percentile(latencies, 50) * 1000,
+        "dequeue_p99_ms": percentile(latencies, 99) * 1000,
+        "level_inversions": float(inversions),
+    }
+
+
+async def run_pgqueuer(url: str, chunks: int, consumers: int) -> dict[str, float]:
+    from pgqueuer.adapters.persistence.queries import Queries
+    from pgqueuer.ports.repository import EntrypointExecutionParameter
+
+    admin = await asyncpg.connect(url)
+    await Queries.from_asyncpg_connection(admin).install()
+    started = time.perf_counter()
+    batch = 1000
+    for first in range(0, chunks, batch):
+        size = min(batch, chunks - first)
+        await Queries.from_asyncpg_connection(admin).enqueue(
+            ["review"] * size,
+            [b"{}"] * size,
+            [3 - ((first + i) // CHUNKS_PER_JOB) % 4 for i in range(size)],
+        )
+    enqueued = time.perf_counter()
+    latencies: list[float] = []
+    finished: list[int] = []
+
+    async def consume() -> None:
+        conn = await asyncpg.connect(url)
+        queries = Queries.from_asyncpg_connection(conn)
+        manager_id = uuid.uuid4()
+        entrypoints = {"review": EntrypointExecutionParameter(concurrency_limit=0)}
+        try:
+            while True:
+                t0 = time.perf_counter()
+                jobs = await queries.dequeue(
+                    batch_size=1,
+                    entrypoints=entrypoints,
+                    queue_manager_id=manager_id,
+                    global_concurrency_limit=None,
+                    heartbeat_timeout=timedelta(seconds=300),
+                )
+                latencies.append(time.perf_counter() - t0)
+                if not jobs:
+                    return
+                await queries.log_jobs([(job, "successful", None) for job in jobs])
+                finished.extend(int(job.id) for job in jobs)
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(consume() for _ in range(consumers)))
+    drained = time.perf_counter()
+    await admin.close()
+    counts = Counter(finished)
+    assert len(counts) == chunks and max(counts.values()) == 1, "pgqueuer lost or repeated a job"
+    return {
+        "enqueue_s": enqueued - started,
+        "drain_s": drained - enqueued,
+        "chunks_per_s": chunks / (drained - started),
+        "drain_chunks_per_s": chunks / (drained - enqueued),
+        "dequeue_p50_ms": percentile(latencies, 50) * 1000,
+        "dequeue_p99_ms": percentile(latencies, 99) * 1000,
+    }
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=20_000)
+    parser.add_argument("--consumers", type=int, default=8)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with devdb.provision_server() as server:
+        conn = await asyncpg.connect(server)
+        synchronous_commit = await conn.fetchval("SHOW synchronous_commit")
+        fsync = await conn.fetchval("SHOW fsync")
+        await conn.close()
+        async with devdb.scratch_database(server, "bench_rb") as ours_url:
+            ours = await run_review_bot(ours_url, args.chunks, args.consumers)
+        async with devdb.scratch_database(server, "bench_pgq") as theirs_url:
+            theirs = await run_pgqueuer(theirs_url, args.chunks, args.consumers)
+    ratio = ours["chunks_per_s"] / theirs["chunks_per_s"]
+    result = {
+        "chunks": args.chunks,
+        "consumers": args.consumers,
+        "synchronous_commit": synchronous_commit,
+        "fsync": fsync,
+        "review_bot": ours,
+        "pgqueuer": theirs,
+        "throughput_ratio": ratio,
+    }
+    Path(__file__).with_name("results").mkdir(exist_ok=True)
+    Path(__file__).with_name("results").joinpath("queue_throughput.json").write_text(
+        json.dumps(result, indent=2)
+    )
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(
+        f"{args.chunks} chunks, {args.consumers} consumers,"
+        f" synchronous_commit={synchronous_commit}, fsync={fsync}\n"
+    )
+    print("| queue | chunks/s (enqueue+drain) | drain chunks/s | dequeue P50 ms | dequeue P99 ms |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, row in (("review-bot", ours), ("pgqueuer 1.6", theirs)):
+        print(
+            f"| {name} | {row['chunks_per_s']:.0f} | {row['drain_chunks_per_s']:.0f} |"
+            f" {row['dequeue_p50_ms']:.2f} | {row['dequeue_p99_ms']:.2f} |"
+        )
+    print(f"\nthroughput ratio review-bot / pgqueuer: {ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))

@@ -1,0 +1,218 @@
+"""The `bot` command line: serve, migrate, inspect the queue, simulate, report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from bot.config import Settings, load_settings
+from bot.errors import ConfigError, ReviewBotError
+from bot.model import JobState
+
+log = logging.getLogger("bot")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _require_database(settings: Settings) -> str:
+    if not settings.database_url:
+        raise ConfigError(
+            "DATABASE_URL is not set (e.g. postgresql://user@127.0.0.1:5432/reviewbot)"
+        )
+    return settings.database_url
+
+
+def _command_db(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.db import current_head, downgrade_database, upgrade_database
+
+    url = _require_database(settings)
+    if args.db_command == "upgrade":
+        asyncio.run(upgrade_database(url, args.revision))
+        print(f"database at {args.revision}")
+    elif args.db_command == "downgrade":
+        asyncio.run(downgrade_database(url, args.revision))
+        print(f"database at {args.revision}")
+    else:
+        print(current_head())
+    return 0
+
+
+def _job_row(job: Any) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "forge": job.forge,
+        "repo": job.repo,
+        "number": job.number,
+        "level": str(job.level),
+        "base_level": str(job.base_level),
+        "state": job.state.value,
+        "reasons": list(job.reasons),
+        "enqueued_at": job.enqueued_at.isoformat(),
+    }
+
+
+def _command_queue(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.queue.store import QueueStore
+
+    async def run() -> list[dict[str, Any]]:
+        store = QueueStore.from_url(_require_database(settings), pool_size=1)
+        try:
+            state = JobState(args.state) if args.state else None
+            return [_job_row(job) for job in await store.list_jobs(state=state, limit=args.limit)]
+        finally:
+            await store.close()
+
+    rows = asyncio.run(run())
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = f"{'id':>6} {'forge':<7} {'repo':<28} {'#':>6} {'lvl':<3} {'base':<4} {'state':<10}"
+    print(header + " enqueued                   reasons")
+    for row in rows:
+        print(
+            f"{row['id']:>6} {row['forge']:<7} {row['repo'][:28]:<28} {row['number']:>6} "
+            f"{row['level']:<3} {row['base_level']:<4} {row['state']:<10} "
+            f"{row['enqueued_at'][:25]:<26} {'; '.join(row['reasons'])}"
+        )
+    return 0
+
+
+def _command_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.serve import serve
+
+    settings = settings.with_changes(insecure_dev=settings.insecure_dev or args.insecure_dev)
+    if args.workers is not None:
+        from dataclasses import replace
+
+        settings = settings.with_changes(
+            scheduler=replace(settings.scheduler, workers=args.workers)
+        )
+    asyncio.run(
+        serve(
+            settings,
+            role=args.role,
+            host=args.host,
+            port=args.port,
+            migrate=not args.no_migrate,
+        )
+    )
+    return 0
+
+
+def _command_simulate(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.sim.replay import run_simulation_command
+
+    return run_simulation_command(args, settings)
+
+
+def _command_emulator(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.forges.emulator import run_emulator
+
+    run_emulator(host=args.host, port=args.port)
+    return 0
+
+
+def _command_report(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.obs.reports import run_report_command
+
+    return run_report_command(args, settings)
+
+
+def _command_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.demo import run_demo
+
+    return run_demo(args, settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bot", description="review-bot: scheduled AI code review for GitHub and GitLab"
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    db = commands.add_parser("db", help="database migrations")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_commands.add_parser("upgrade", help="migrate up (default: to head)")
+    upgrade.add_argument("revision", nargs="?", default="head")
+    downgrade = db_commands.add_parser("downgrade", help="migrate down to REV (or base)")
+    downgrade.add_argument("revision")
+    db_commands.add_parser("head", help="print the newest migration revision")
+    db.set_defaults(handler=_command_db)
+
+    serve = commands.add_parser("serve", help="run the webhook server and/or the dispatcher")
+    serve.add_argument("--role", choices=("web", "dispatcher", "all"), default="all")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=None, help="LLM worker slots (default 8)")
+    serve.add_argument("--no-migrate", action="store_true", help="do not migrate at start")
+    serve.add_argument(
+        "--insecure-dev",
+        action="store_true",
+        help="accept unsigned webhooks when no secret is set (development only)",
+    )
+    serve.set_defaults(handler=_command_serve)
+
+    queue = commands.add_parser("queue", help="inspect the queue")
+    queue_commands = queue.add_subparsers(dest="queue_command", required=True)
+    listing = queue_commands.add_parser("ls", help="list jobs, newest first")
+    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--state", choices=[state.value for state in JobState])
+    listing.add_argument("--limit", type=int, default=100)
+    queue.set_defaults(handler=_command_queue)
+
+    simulate = commands.add_parser("simulate", help="replay a trace under a virtual clock")
+    simulate.add_argument("--trace", required=True)
+    simulate.add_argument("--policy", choices=("fifo", "priority", "mlfq"), default="mlfq")
+    simulate.add_argument("--workers", type=int, default=None)
+    simulate.add_argument("--json", action="store_true")
+    simulate.add_argument("--keep", action="store_true", help="keep the simulation database")
+    simulate.set_defaults(handler=_command_simulate)
+
+    emulator = commands.add_parser("emulator", help="run the GitHub/GitLab forge emulator")
+    emulator.add_argument("--host", default="127.0.0.1")
+    emulator.add_argument("--port", type=int, default=8900)
+    emulator.set_defaults(handler=_command_emulator)
+
+    report = commands.add_parser("report", help="admin reports from the database")
+    report.add_argument("name")
+    report.add_argument("--since")
+    report.add_argument("--until")
+    report.add_argument("--repo")
+    report.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    report.add_argument("--before", help="compare: the earlier period or simulation JSON")
+    report.add_argument("--after", help="compare: the later period or simulation JSON")
+    report.set_defaults(handler=_command_report)
+
+    demo = commands.add_parser("demo", help="run the whole bot on embedded defaults")
+    demo.add_argument("--requests", type=int, default=200)
+    demo.add_argument("--speed", type=float, default=60.0)
+    demo.add_argument("--llm", choices=("simulated", "vllm-cpu"), default="simulated")
+    demo.set_defaults(handler=_command_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        settings = load_settings()
+        result: int = args.handler(args, settings)
+        return result
+    except ReviewBotError as exc:
+        print(f"bot: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
