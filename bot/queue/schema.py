@@ -103,11 +103,6 @@ review_jobs = Table(
         "enqueued_at",
         postgresql_where=text("NOT planned AND state IN ('queued', 'waiting')"),
     ),
-    Index(
-        "ix_review_jobs_aging",
-        "last_progress_at",
-        postgresql_where=text("state IN ('queued', 'running') AND level > 0"),
-    ),
     Index("ix_review_jobs_enqueued_at", "enqueued_at"),
 )
 
@@ -195,4 +190,24 @@ job_history = Table(
     CheckConstraint("kind IN ('state', 'level', 'command')", name="kind"),
     Index("ix_job_history_job_id", "job_id", "id"),
     Index("ix_job_history_at", "at"),
+)
+
+# Created by migration 0002 (with the report views, which metadata does not track).
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column(
+        "job_id",
+        BigInteger,
+        ForeignKey("review_jobs.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("level", SmallInteger, nullable=False),
+    Column("waited_s", Float, nullable=False),
+    Column("threshold_s", Float, nullable=False),
+    Column("fired_at", DateTime(timezone=True), nullable=False),
+    Column("message", Text, nullable=False),
+    UniqueConstraint("job_id"),
+    Index("ix_alerts_fired_at", "fired_at"),
 )

@@ -1,0 +1,308 @@
+"""What the dispatcher and poster need from a forge, plus the pure helpers both forges share."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Literal, Protocol, TypeVar
+
+from bot.errors import ForgeError
+from bot.model import FileChange
+
+logger = logging.getLogger(__name__)
+
+Permission = Literal["admin", "maintain", "write", "triage", "read", "none"]
+PERMISSIONS: tuple[Permission, ...] = ("admin", "maintain", "write", "triage", "read", "none")
+WRITE_PERMISSIONS: frozenset[Permission] = frozenset({"admin", "maintain", "write"})
+Reaction = Literal["eyes", "+1", "-1", "confused"]
+Side = Literal["LEFT", "RIGHT"]
+
+# GitHub lists at most 3,000 files of a pull request; GitLab's diffs are capped the same way here.
+MAX_FILES = 3000
+
+MARKER_PATTERN = re.compile(r"<!-- review-bot:job=(\d+) -->")
+
+Clock = Callable[[], datetime]
+Sleep = Callable[[float], Awaitable[None]]
+T = TypeVar("T")
+
+
+def utc_now() -> datetime:
+    """Return the current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class ForgePermissionDenied(ForgeError):
+    """The forge refused the call for lack of rights (not a rate limit); retrying will not help."""
+
+    @property
+    def retryable(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class PullChanges:
+    """A pull/merge request's diff: the shas it is based on and its changed files."""
+
+    base_sha: str
+    head_sha: str
+    start_sha: str
+    files: tuple[FileChange, ...]
+    truncated: bool = False  # the forge listed fewer files than the change has
+    total_files: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InlineComment:
+    """One comment on a changed line; `side` RIGHT is the new file, LEFT the old one."""
+
+    path: str
+    line: int
+    body: str
+    side: Side = "RIGHT"
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewToPost:
+    """A review assembled from chunk results, ready to post once."""
+
+    job_id: int
+    body: str
+    comments: tuple[InlineComment, ...] = ()
+    head_sha: str | None = None
+    base_sha: str | None = None
+    start_sha: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PostedReview:
+    """What a forge holds of a review we posted (found again through its marker)."""
+
+    id: int
+    job_id: int | None
+    body: str
+    url: str | None = None
+    inline_posted: int = 0
+    inline_rejected: int = 0
+    summary_only: bool = False  # inline comments were refused; the summary lists them
+    already_posted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how long to retry a retryable forge error."""
+
+    attempts: int = 4
+    base_delay_s: float = 1.0
+    max_delay_s: float = 60.0
+
+
+class ForgeClient(Protocol):
+    """The forge operations the dispatcher, poster and command handler use."""
+
+    async def fetch_changes(
+        self,
+        repo: str,
+        number: int,
+        *,
+        project_id: int | None = None,
+        installation_id: int | None = None,
+    ) -> PullChanges: ...
+
+    async def find_posted_review(
+        self, repo: str, number: int, marker: str
+    ) -> PostedReview | None: ...
+
+    async def post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview: ...
+
+    async def post_comment(self, repo: str, number: int, body: str) -> int: ...
+
+    async def add_reaction(
+        self, repo: str, comment_id: int, reaction: Reaction, *, number: int | None = None
+    ) -> None: ...
+
+    async def get_permission(self, repo: str, user: str) -> Permission: ...
+
+
+def render_marker(job_id: int) -> str:
+    """Render the hidden marker that ties a posted body to its job."""
+    return f"<!-- review-bot:job={int(job_id)} -->"
+
+
+def find_marker(body: str | None) -> int | None:
+    """Return the job id of the first marker in `body`, or None."""
+    if not body:
+        return None
+    match = MARKER_PATTERN.search(body)
+    return int(match.group(1)) if match else None
+
+
+def append_marker(body: str, job_id: int) -> str:
+    """Return `body` with the job's marker appended (once)."""
+    marker = render_marker(job_id)
+    if marker in body:
+        return body
+    return f"{body.rstrip()}\n\n{marker}"
+
+
+def render_summary_only(review: ReviewToPost, reason: str) -> str:
+    """Render a summary that lists the findings the forge would not place inline."""
+    lines = [review.body.rstrip(), "", f"_Inline comments could not be placed ({reason}):_", ""]
+    for comment in review.comments:
+        first_line = comment.body.strip().splitlines()[0] if comment.body.strip() else ""
+        side = "old" if comment.side == "LEFT" else "new"
+        lines.append(f"- `{comment.path}` line {comment.line} ({side}): {first_line}")
+    return append_marker("\n".join(lines), review.job_id)
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: datetime) -> float | None:
+    """Seconds to wait from `Retry-After` (seconds or HTTP date) or `x-ratelimit-reset`."""
+    lowered = {key.lower(): value for key, value in headers.items()}
+    value = lowered.get("retry-after")
+    if value:
+        value = value.strip()
+        if value.isdigit():
+            return float(value)
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            when = None
+        if when is not None:
+            return max(0.0, (when - now).total_seconds())
+    reset = lowered.get("x-ratelimit-reset")
+    if reset and reset.strip().isdigit() and lowered.get("x-ratelimit-remaining") == "0":
+        return max(0.0, float(reset) - now.timestamp())
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DiffLines:
+    """Which lines of a unified diff can carry a comment."""
+
+    added: frozenset[int]  # new-file line numbers of `+` lines
+    removed: frozenset[int]  # old-file line numbers of `-` lines
+    context: Mapping[int, int]  # new-file line number -> old-file line number of ` ` lines
+
+    def has_line(self, line: int, side: Side) -> bool:
+        if side == "RIGHT":
+            return line in self.added or line in self.context
+        return line in self.removed or line in self.context.values()
+
+    def line_pair(self, line: int, side: Side) -> tuple[int | None, int | None]:
+        """Return (old_line, new_line) of a commentable line, as GitLab positions need them."""
+        if side == "RIGHT":
+            if line in self.added:
+                return None, line
+            if line in self.context:
+                return self.context[line], line
+        else:
+            if line in self.removed:
+                return line, None
+            for new_line, old_line in self.context.items():
+                if old_line == line:
+                    return old_line, new_line
+        raise ValueError(f"line {line} ({side}) is not part of the diff")
+
+
+HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def parse_diff_lines(patch: str | None) -> DiffLines:
+    """Map a unified diff's hunks to the old/new line numbers they show."""
+    added: set[int] = set()
+    removed: set[int] = set()
+    context: dict[int, int] = {}
+    if not patch:
+        return DiffLines(frozenset(), frozenset(), {})
+    old_line = new_line = 0
+    in_hunk = False
+    for text in patch.splitlines():
+        header = HUNK_HEADER.match(text)
+        if header:
+            old_line, new_line = int(header.group(1)), int(header.group(3))
+            in_hunk = True
+            continue
+        if not in_hunk or text.startswith("\\"):
+            continue
+        if text.startswith("+"):
+            added.add(new_line)
+            new_line += 1
+        elif text.startswith("-"):
+            removed.add(old_line)
+            old_line += 1
+        elif text.startswith(" ") or text == "":
+            context[new_line] = old_line
+            old_line += 1
+            new_line += 1
+    return DiffLines(frozenset(added), frozenset(removed), context)
+
+
+def count_patch_lines(patch: str | None) -> tuple[int, int]:
+    """Count (additions, deletions) of a unified diff."""
+    lines = parse_diff_lines(patch)
+    return len(lines.added), len(lines.removed)
+
+
+@dataclass(slots=True)
+class ContentLimiter:
+    """Spaces content-creating calls `interval_s` apart per key (GitHub's secondary limit)."""
+
+    sleep: Sleep
+    clock: Clock = utc_now
+    interval_s: float = 1.0
+    _next_at: dict[str, float] = field(default_factory=dict)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    async def wait_turn(self, key: str) -> None:
+        """Wait until `key` may create content again, then claim the slot."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            now = self.clock().timestamp()
+            wait = self._next_at.get(key, now) - now
+            if wait > 0:
+                await self.sleep(wait)
+            self._next_at[key] = max(now, self._next_at.get(key, now)) + self.interval_s
+
+    def delay_key(self, key: str, seconds: float) -> None:
+        """Push the key's next slot back, e.g. after a Retry-After."""
+        now = self.clock().timestamp()
+        self._next_at[key] = max(self._next_at.get(key, now), now + seconds)
+
+
+async def retry_forge_call(
+    call: Callable[[], Awaitable[T]],
+    *,
+    sleep: Sleep,
+    policy: RetryPolicy,
+    action: str,
+    on_retry: Callable[[ForgeError], Awaitable[None]] | None = None,
+) -> T:
+    """Run `call`, retrying retryable ForgeErrors with backoff or their Retry-After; re-raises."""
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except ForgeError as exc:
+            attempt += 1
+            if not exc.retryable or attempt >= policy.attempts:
+                raise
+            if exc.retry_after is not None:
+                delay = max(0.0, exc.retry_after)
+            else:
+                delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))
+            logger.warning(
+                "forge call %s failed (%s), retry %d in %.1fs",
+                action,
+                exc,
+                attempt,
+                delay,
+                extra={"action": "forge_retry", "forge_action": action, "status": exc.status},
+            )
+            if on_retry is not None:
+                await on_retry(exc)
+            await sleep(delay)

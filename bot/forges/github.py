@@ -1,0 +1,453 @@
+"""GitHub client over gidgethub: App or token auth, PR files, one review per job, permissions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar, cast
+
+import aiohttp
+import gidgethub
+from gidgethub import apps
+from gidgethub.aiohttp import GitHubAPI
+
+from bot.errors import ConfigError, ForgeError, ForgeNotFound
+from bot.forges.base import (
+    MAX_FILES,
+    PERMISSIONS,
+    Clock,
+    ContentLimiter,
+    ForgePermissionDenied,
+    Permission,
+    PostedReview,
+    PullChanges,
+    Reaction,
+    RetryPolicy,
+    ReviewToPost,
+    Sleep,
+    append_marker,
+    find_marker,
+    parse_retry_after,
+    render_marker,
+    render_summary_only,
+    retry_forge_call,
+    utc_now,
+)
+from bot.model import FileChange
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_API_URL = "https://api.github.com"
+# Refresh an installation token this long before GitHub's one-hour expiry.
+TOKEN_REFRESH_MARGIN = timedelta(minutes=5)
+# GitHub answers a secondary rate limit without Retry-After at times; wait this long then.
+SECONDARY_LIMIT_DEFAULT_S = 60.0
+T = TypeVar("T")
+
+
+def translate_github_error(exc: gidgethub.HTTPException, *, now: datetime) -> ForgeError:
+    """Map a gidgethub HTTP error to our error family (the one place this happens)."""
+    status = int(exc.status_code)
+    message = f"GitHub answered {status}: {exc}"
+    retry_after = parse_retry_after(exc.headers, now=now)
+    if isinstance(exc, gidgethub.RateLimitExceeded):
+        if retry_after is None and exc.rate_limit is not None:
+            retry_after = max(0.0, (exc.rate_limit.reset_datetime - now).total_seconds())
+        return ForgeError(message, status=status, retry_after=retry_after)
+    if status == 429:
+        return ForgeError(message, status=429, retry_after=retry_after)
+    if status == 403:
+        text = str(exc).lower()
+        if retry_after is not None or "secondary rate limit" in text or "abuse" in text:
+            return ForgeError(
+                message, status=403, retry_after=retry_after or SECONDARY_LIMIT_DEFAULT_S
+            )
+        return ForgePermissionDenied(message, status=403)
+    if status in (404, 410):
+        return ForgeNotFound(message, status=status)
+    if isinstance(exc, gidgethub.GitHubBroken) or status >= 500:
+        return ForgeError(message, status=status)
+    return ForgeError(message, status=status)
+
+
+@dataclass(slots=True)
+class _InstallationToken:
+    token: str
+    expires_at: datetime
+
+
+class GitHubClient:
+    """The ForgeClient for GitHub, as an App installation or with a plain token."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        base_url: str = DEFAULT_API_URL,
+        token: str | None = None,
+        app_id: str | None = None,
+        private_key: str | None = None,
+        requester: str = "review-bot",
+        clock: Clock = utc_now,
+        sleep: Sleep = asyncio.sleep,
+        retry: RetryPolicy | None = None,
+        post_interval_s: float = 1.0,
+        max_files: int = MAX_FILES,
+        per_page: int = 100,
+    ) -> None:
+        if token is None and (app_id is None or private_key is None):
+            raise ConfigError("GitHub needs a token, or an App id and its private key")
+        self._api = GitHubAPI(session, requester, base_url=base_url)
+        self._token = token
+        self._app_id = app_id
+        self._private_key = private_key
+        self._clock = clock
+        self._sleep = sleep
+        self._retry = retry or RetryPolicy()
+        self._limiter = ContentLimiter(sleep=sleep, clock=clock, interval_s=post_interval_s)
+        self._max_files = max_files
+        self._per_page = per_page
+        self._installation_tokens: dict[int, _InstallationToken] = {}
+        self._installations: dict[str, int] = {}
+        self.tokens_issued = 0
+
+    # -- auth ------------------------------------------------------------------------------
+
+    def _app_jwt(self) -> str:
+        assert self._app_id is not None and self._private_key is not None
+        return apps.get_jwt(app_id=self._app_id, private_key=self._private_key)
+
+    async def _installation_for(self, repo: str, installation_id: int | None) -> int:
+        if installation_id is not None:
+            self._installations[repo] = installation_id
+            return installation_id
+        known = self._installations.get(repo)
+        if known is not None:
+            return known
+        owner, name = split_repo(repo)
+        data = await self._api.getitem(
+            "/repos/{owner}/{repo}/installation",
+            {"owner": owner, "repo": name},
+            jwt=self._app_jwt(),
+        )
+        found = int(data["id"])
+        self._installations[repo] = found
+        return found
+
+    async def _access_token(self, repo: str, installation_id: int | None) -> str:
+        if self._token is not None:
+            return self._token
+        assert self._app_id is not None and self._private_key is not None
+        installation = await self._installation_for(repo, installation_id)
+        cached = self._installation_tokens.get(installation)
+        now = self._clock()
+        if cached is not None and now < cached.expires_at - TOKEN_REFRESH_MARGIN:
+            return cached.token
+        answer = await apps.get_installation_access_token(
+            self._api,
+            installation_id=str(installation),
+            app_id=self._app_id,
+            private_key=self._private_key,
+        )
+        expires_at = datetime.fromisoformat(str(answer["expires_at"]).replace("Z", "+00:00"))
+        self._installation_tokens[installation] = _InstallationToken(
+            str(answer["token"]), expires_at
+        )
+        self.tokens_issued += 1
+        logger.info(
+            "installation token issued for %s, expires %s",
+            installation,
+            expires_at.isoformat(),
+            extra={"action": "github_token", "installation_id": installation},
+        )
+        return str(answer["token"])
+
+    # -- the one call path -----------------------------------------------------------------
+
+    async def _call(
+        self,
+        action: str,
+        operation: Callable[[str], Awaitable[T]],
+        *,
+        repo: str,
+        installation_id: int | None = None,
+        creates_content: bool = False,
+        recheck: Callable[[], Awaitable[T | None]] | None = None,
+    ) -> T:
+        """Run one API operation with auth, pacing, error translation and retries."""
+        attempts = 0
+
+        async def attempt() -> T:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1 and recheck is not None:
+                found = await recheck()
+                if found is not None:
+                    return found
+            try:
+                token = await self._access_token(repo, installation_id)
+                if creates_content:
+                    await self._limiter.wait_turn(self._limit_key(repo))
+                return await operation(token)
+            except gidgethub.HTTPException as exc:
+                raise translate_github_error(exc, now=self._clock()) from exc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise ForgeError(f"GitHub unreachable during {action}: {exc!r}") from exc
+
+        async def on_retry(exc: ForgeError) -> None:
+            if exc.retry_after is not None and creates_content:
+                self._limiter.delay_key(self._limit_key(repo), exc.retry_after)
+
+        return await retry_forge_call(
+            attempt, sleep=self._sleep, policy=self._retry, action=action, on_retry=on_retry
+        )
+
+    def _limit_key(self, repo: str) -> str:
+        installation = self._installations.get(repo)
+        return f"installation:{installation}" if installation is not None else "token"
+
+    # -- ForgeClient -----------------------------------------------------------------------
+
+    async def fetch_changes(
+        self,
+        repo: str,
+        number: int,
+        *,
+        project_id: int | None = None,
+        installation_id: int | None = None,
+    ) -> PullChanges:
+        """List a PR's files (up to the 3,000-file cap); raises ForgeNotFound if it is gone."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "number": str(number)}
+
+        async def read_pull(token: str) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                await self._api.getitem(
+                    "/repos/{owner}/{repo}/pulls/{number}", url_vars, oauth_token=token
+                ),
+            )
+
+        async def read_files(token: str) -> list[dict[str, Any]]:
+            files: list[dict[str, Any]] = []
+            async for item in self._api.getiter(
+                f"/repos/{{owner}}/{{repo}}/pulls/{{number}}/files?per_page={self._per_page}",
+                url_vars,
+                oauth_token=token,
+            ):
+                files.append(item)
+                if len(files) >= self._max_files:
+                    break
+            return files
+
+        pull = await self._call("fetch_pull", read_pull, repo=repo, installation_id=installation_id)
+        items = await self._call(
+            "fetch_files", read_files, repo=repo, installation_id=installation_id
+        )
+        total = int(pull.get("changed_files") or len(items))
+        base_sha = str(pull["base"]["sha"])
+        return PullChanges(
+            base_sha=base_sha,
+            head_sha=str(pull["head"]["sha"]),
+            start_sha=base_sha,
+            files=tuple(file_change_from_github(item) for item in items),
+            truncated=total > len(items),
+            total_files=total,
+        )
+
+    async def find_posted_review(self, repo: str, number: int, marker: str) -> PostedReview | None:
+        """Return our review whose body carries `marker`, or None."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "number": str(number)}
+
+        async def search(token: str) -> PostedReview | None:
+            async for item in self._api.getiter(
+                "/repos/{owner}/{repo}/pulls/{number}/reviews?per_page=100",
+                url_vars,
+                oauth_token=token,
+            ):
+                body = item.get("body") or ""
+                if marker in body:
+                    return PostedReview(
+                        id=int(item["id"]),
+                        job_id=find_marker(body),
+                        body=body,
+                        url=item.get("html_url"),
+                        already_posted=True,
+                    )
+            return None
+
+        return await self._call("find_review", search, repo=repo)
+
+    async def post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview:
+        """Post the job's review once; if GitHub refuses the inline comments, post the summary."""
+        marker = render_marker(review.job_id)
+        existing = await self.find_posted_review(repo, number, marker)
+        if existing is not None:
+            logger.info(
+                "review for job %s already posted as %s",
+                review.job_id,
+                existing.id,
+                extra={"action": "post_review_found", "job_id": review.job_id},
+            )
+            return existing
+        comments = [
+            {"path": item.path, "line": item.line, "side": item.side, "body": item.body}
+            for item in review.comments
+        ]
+        try:
+            answer = await self._create_review(
+                repo, number, review, append_marker(review.body, review.job_id), comments
+            )
+        except ForgeError as exc:
+            if exc.status != 422 or not comments:
+                raise
+            logger.warning(
+                "GitHub refused %d inline comments for job %s (%s); posting the summary only",
+                len(comments),
+                review.job_id,
+                exc,
+                extra={"action": "post_review_fallback", "job_id": review.job_id},
+            )
+            body = render_summary_only(review, "GitHub did not accept them on this diff")
+            answer = await self._create_review(repo, number, review, body, [])
+            return PostedReview(
+                id=int(answer["id"]),
+                job_id=review.job_id,
+                body=str(answer.get("body") or body),
+                url=answer.get("html_url"),
+                inline_rejected=len(comments),
+                summary_only=True,
+            )
+        return PostedReview(
+            id=int(answer["id"]),
+            job_id=review.job_id,
+            body=str(answer.get("body") or ""),
+            url=answer.get("html_url"),
+            inline_posted=len(comments),
+        )
+
+    async def _create_review(
+        self,
+        repo: str,
+        number: int,
+        review: ReviewToPost,
+        body: str,
+        comments: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "number": str(number)}
+        data: dict[str, Any] = {"body": body, "event": "COMMENT", "comments": comments}
+        if review.head_sha:
+            data["commit_id"] = review.head_sha
+        marker = render_marker(review.job_id)
+
+        async def create(token: str) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                await self._api.post(
+                    "/repos/{owner}/{repo}/pulls/{number}/reviews",
+                    url_vars,
+                    data=data,
+                    oauth_token=token,
+                ),
+            )
+
+        async def recheck() -> dict[str, Any] | None:
+            # A retried POST may follow one GitHub did store: look before posting again.
+            found = await self.find_posted_review(repo, number, marker)
+            if found is None:
+                return None
+            return {"id": found.id, "body": found.body, "html_url": found.url}
+
+        return await self._call(
+            "post_review", create, repo=repo, creates_content=True, recheck=recheck
+        )
+
+    async def post_comment(self, repo: str, number: int, body: str) -> int:
+        """Post an issue comment on the PR; returns its id."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "number": str(number)}
+
+        async def create(token: str) -> int:
+            answer = await self._api.post(
+                "/repos/{owner}/{repo}/issues/{number}/comments",
+                url_vars,
+                data={"body": body},
+                oauth_token=token,
+            )
+            return int(answer["id"])
+
+        return await self._call("post_comment", create, repo=repo, creates_content=True)
+
+    async def add_reaction(
+        self, repo: str, comment_id: int, reaction: Reaction, *, number: int | None = None
+    ) -> None:
+        """React to an issue comment (acknowledges a command)."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "comment_id": str(comment_id)}
+
+        async def create(token: str) -> None:
+            await self._api.post(
+                "/repos/{owner}/{repo}/issues/comments/{comment_id}/reactions",
+                url_vars,
+                data={"content": reaction},
+                oauth_token=token,
+            )
+
+        await self._call("add_reaction", create, repo=repo, creates_content=True)
+
+    async def get_permission(self, repo: str, user: str) -> Permission:
+        """Return the user's role on the repository; "none" when GitHub knows no such user."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "user": user}
+
+        async def read(token: str) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                await self._api.getitem(
+                    "/repos/{owner}/{repo}/collaborators/{user}/permission",
+                    url_vars,
+                    oauth_token=token,
+                ),
+            )
+
+        try:
+            answer = await self._call("get_permission", read, repo=repo)
+        except ForgeNotFound:
+            return "none"
+        return permission_from_github(answer)
+
+
+def split_repo(repo: str) -> tuple[str, str]:
+    """Split "owner/name"; raises ForgeError on anything else."""
+    owner, _, name = repo.partition("/")
+    if not owner or not name or "/" in name:
+        raise ForgeError(f"not a GitHub repository name: {repo!r}", status=400)
+    return owner, name
+
+
+def file_change_from_github(item: dict[str, Any]) -> FileChange:
+    """Turn one `pulls/{n}/files` entry into a FileChange (patch None when GitHub omits it)."""
+    patch = item.get("patch")
+    return FileChange(
+        path=str(item["filename"]),
+        additions=int(item.get("additions") or 0),
+        deletions=int(item.get("deletions") or 0),
+        patch=str(patch) if patch else None,
+        status=str(item.get("status") or "modified"),
+        previous_path=item.get("previous_filename"),
+    )
+
+
+def permission_from_github(answer: dict[str, Any]) -> Permission:
+    """Read the finest role GitHub gives (role_name), else the legacy permission field."""
+    for key in ("role_name", "permission"):
+        value = str(answer.get(key) or "").lower()
+        for permission in PERMISSIONS:
+            if value == permission:
+                return permission
+    return "none"

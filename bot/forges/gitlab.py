@@ -1,0 +1,447 @@
+"""GitLab client over python-gitlab (synchronous, so every call runs in a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
+from urllib.parse import quote
+
+import gitlab
+import gitlab.exceptions
+import requests
+
+from bot.errors import ForgeError, ForgeNotFound
+from bot.forges.base import (
+    MAX_FILES,
+    Clock,
+    DiffLines,
+    ForgePermissionDenied,
+    InlineComment,
+    Permission,
+    PostedReview,
+    PullChanges,
+    Reaction,
+    RetryPolicy,
+    ReviewToPost,
+    Sleep,
+    append_marker,
+    count_patch_lines,
+    find_marker,
+    parse_diff_lines,
+    parse_retry_after,
+    render_marker,
+    render_summary_only,
+    retry_forge_call,
+    utc_now,
+)
+from bot.model import FileChange
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# GitLab award emoji names for the reactions the bot uses.
+AWARD_NAMES: Mapping[str, str] = {
+    "eyes": "eyes",
+    "+1": "thumbsup",
+    "-1": "thumbsdown",
+    "confused": "confused",
+}
+
+
+def permission_from_access_level(level: int) -> Permission:
+    """Map a GitLab member access level to the GitHub-style role the command rules use."""
+    if level >= 50:
+        return "admin"
+    if level >= 40:
+        return "maintain"
+    if level >= 30:
+        return "write"
+    if level >= 20:
+        return "triage"
+    if level > 0:
+        return "read"
+    return "none"
+
+
+def translate_gitlab_error(
+    exc: gitlab.exceptions.GitlabError, *, headers: Mapping[str, str], clock: Clock
+) -> ForgeError:
+    """Map a python-gitlab error to our error family (the one place this happens)."""
+    status = exc.response_code
+    message = f"GitLab answered {status}: {exc.error_message}"
+    if status is None:
+        return ForgeError(f"GitLab call failed: {exc}")
+    if status == 404:
+        return ForgeNotFound(message, status=404)
+    if status == 429:
+        return ForgeError(message, status=429, retry_after=parse_retry_after(headers, now=clock()))
+    if status in (401, 403):
+        return ForgePermissionDenied(message, status=status)
+    return ForgeError(message, status=status)
+
+
+class GitLabClient:
+    """The ForgeClient for GitLab, with a personal, project or group access token."""
+
+    def __init__(
+        self,
+        *,
+        url: str = "https://gitlab.com",
+        token: str | None = None,
+        clock: Clock = utc_now,
+        sleep: Sleep = asyncio.sleep,
+        retry: RetryPolicy | None = None,
+        max_files: int = MAX_FILES,
+        per_page: int = 100,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self._local = threading.local()
+        session = requests.Session()
+        session.hooks["response"].append(self._remember_headers)
+        self._gl = gitlab.Gitlab(url, private_token=token, session=session, timeout=timeout_s)
+        self._clock = clock
+        self._sleep = sleep
+        self._retry = retry or RetryPolicy()
+        self._max_files = max_files
+        self._per_page = per_page
+        self._projects: dict[str, int] = {}
+        self._user_ids: dict[str, int] = {}
+        self._diffs: dict[tuple[str, int, str], dict[str, DiffLines]] = {}
+
+    def _remember_headers(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        # GitlabHttpError drops the headers; keep them per thread to read Retry-After.
+        self._local.headers = dict(response.headers)
+
+    async def _call(self, action: str, operation: Callable[[gitlab.Gitlab], T]) -> T:
+        """Run a synchronous python-gitlab operation in a thread, translating and retrying."""
+
+        def run() -> T:
+            self._local.headers = {}
+            try:
+                return operation(self._gl)
+            except gitlab.exceptions.GitlabError as exc:
+                raise translate_gitlab_error(
+                    exc, headers=getattr(self._local, "headers", {}), clock=self._clock
+                ) from exc
+            except requests.RequestException as exc:
+                raise ForgeError(f"GitLab unreachable during {action}: {exc!r}") from exc
+
+        async def attempt() -> T:
+            return await asyncio.to_thread(run)
+
+        return await retry_forge_call(attempt, sleep=self._sleep, policy=self._retry, action=action)
+
+    def _project(self, repo: str, project_id: int | None = None) -> str:
+        if project_id is not None:
+            self._projects[repo] = project_id
+        known = self._projects.get(repo)
+        return str(known) if known is not None else quote(repo, safe="")
+
+    # -- ForgeClient -----------------------------------------------------------------------
+
+    async def fetch_changes(
+        self,
+        repo: str,
+        number: int,
+        *,
+        project_id: int | None = None,
+        installation_id: int | None = None,
+    ) -> PullChanges:
+        """Read the MR's newest version and its diffs (up to the file cap)."""
+        project = self._project(repo, project_id)
+        base = f"/projects/{project}/merge_requests/{number}"
+        limit = self._max_files
+
+        def versions(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
+            return cast(
+                list[dict[str, Any]],
+                gl.http_list(f"{base}/versions", get_all=False, obey_rate_limit=False),
+            )
+
+        def diffs(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
+            pages = gl.http_list(
+                f"{base}/diffs",
+                iterator=True,
+                per_page=self._per_page,
+                obey_rate_limit=False,
+            )
+            return list(itertools.islice(pages, limit + 1))
+
+        found = await self._call("fetch_versions", versions)
+        if not found:
+            raise ForgeNotFound(f"merge request {repo}!{number} has no diff versions", status=404)
+        newest = found[0]
+        entries = await self._call("fetch_diffs", diffs)
+        truncated = len(entries) > limit
+        files = tuple(file_change_from_gitlab(item) for item in entries[:limit])
+        head_sha = str(newest["head_commit_sha"])
+        self._diffs[(repo, number, head_sha)] = {
+            item.path: parse_diff_lines(item.patch) for item in files
+        }
+        return PullChanges(
+            base_sha=str(newest["base_commit_sha"]),
+            head_sha=head_sha,
+            start_sha=str(newest["start_commit_sha"]),
+            files=files,
+            truncated=truncated,
+            total_files=None if truncated else len(files),
+        )
+
+    async def _list_notes(self, repo: str, number: int) -> list[dict[str, Any]]:
+        project = self._project(repo)
+        path = f"/projects/{project}/merge_requests/{number}/notes"
+
+        def read(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
+            return cast(
+                list[dict[str, Any]],
+                gl.http_list(path, get_all=True, per_page=100, obey_rate_limit=False),
+            )
+
+        return await self._call("list_notes", read)
+
+    async def find_posted_review(self, repo: str, number: int, marker: str) -> PostedReview | None:
+        """Return our summary note carrying `marker`, or None."""
+        for note in await self._list_notes(repo, number):
+            body = str(note.get("body") or "")
+            if marker in body and note.get("type") != "DiffNote":
+                return PostedReview(
+                    id=int(note["id"]),
+                    job_id=find_marker(body),
+                    body=body,
+                    already_posted=True,
+                )
+        return None
+
+    async def post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview:
+        """Post inline discussions then the summary note, skipping what a retry already posted."""
+        marker = render_marker(review.job_id)
+        notes = await self._list_notes(repo, number)
+        for note in notes:
+            body = str(note.get("body") or "")
+            if marker in body and note.get("type") != "DiffNote":
+                return PostedReview(
+                    id=int(note["id"]),
+                    job_id=review.job_id,
+                    body=body,
+                    already_posted=True,
+                )
+        done = {
+            (str(note.get("body") or ""), _note_path(note))
+            for note in notes
+            if note.get("type") == "DiffNote"
+        }
+        base_sha, start_sha, head_sha = await self._shas(repo, number, review)
+        lines = self._diffs.get((repo, number, head_sha))
+        if lines is None and review.comments:
+            await self.fetch_changes(repo, number)
+            lines = self._diffs.get((repo, number, head_sha), {})
+        posted = 0
+        rejected: list[InlineComment] = []
+        for comment in review.comments:
+            body = append_marker(comment.body, review.job_id)
+            if (body, comment.path) in done:
+                posted += 1
+                continue
+            position = build_position(
+                comment,
+                base_sha=base_sha,
+                start_sha=start_sha,
+                head_sha=head_sha,
+                lines=(lines or {}).get(comment.path),
+            )
+            try:
+                await self._create_discussion(repo, number, body, position)
+                posted += 1
+            except ForgeError as exc:
+                if exc.status != 400:
+                    raise
+                logger.warning(
+                    "GitLab refused a position on %s:%s for job %s: %s",
+                    comment.path,
+                    comment.line,
+                    review.job_id,
+                    exc,
+                    extra={"action": "post_review_position_refused", "job_id": review.job_id},
+                )
+                rejected.append(comment)
+        if rejected:
+            partial = ReviewToPost(job_id=review.job_id, body=review.body, comments=tuple(rejected))
+            summary = render_summary_only(partial, "GitLab did not accept their positions")
+        else:
+            summary = append_marker(review.body, review.job_id)
+        note_id = await self._create_note(repo, number, summary)
+        return PostedReview(
+            id=note_id,
+            job_id=review.job_id,
+            body=summary,
+            inline_posted=posted,
+            inline_rejected=len(rejected),
+            summary_only=bool(rejected) and posted == 0,
+        )
+
+    async def _shas(self, repo: str, number: int, review: ReviewToPost) -> tuple[str, str, str]:
+        if review.base_sha and review.start_sha and review.head_sha:
+            return review.base_sha, review.start_sha, review.head_sha
+        project = self._project(repo)
+        path = f"/projects/{project}/merge_requests/{number}/versions"
+
+        def versions(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
+            return cast(
+                list[dict[str, Any]], gl.http_list(path, get_all=False, obey_rate_limit=False)
+            )
+
+        found = await self._call("fetch_versions", versions)
+        if not found:
+            raise ForgeNotFound(f"merge request {repo}!{number} has no diff versions", status=404)
+        newest = found[0]
+        return (
+            str(newest["base_commit_sha"]),
+            str(newest["start_commit_sha"]),
+            review.head_sha or str(newest["head_commit_sha"]),
+        )
+
+    async def _create_discussion(
+        self, repo: str, number: int, body: str, position: dict[str, Any]
+    ) -> None:
+        project = self._project(repo)
+        path = f"/projects/{project}/merge_requests/{number}/discussions"
+
+        def create(gl: gitlab.Gitlab) -> None:
+            gl.http_post(
+                path, post_data={"body": body, "position": position}, obey_rate_limit=False
+            )
+
+        await self._call("create_discussion", create)
+
+    async def _create_note(self, repo: str, number: int, body: str) -> int:
+        project = self._project(repo)
+        path = f"/projects/{project}/merge_requests/{number}/notes"
+
+        def create(gl: gitlab.Gitlab) -> int:
+            answer = gl.http_post(path, post_data={"body": body}, obey_rate_limit=False)
+            return int(cast(dict[str, Any], answer)["id"])
+
+        return await self._call("create_note", create)
+
+    async def post_comment(self, repo: str, number: int, body: str) -> int:
+        """Post a note on the MR; returns its id."""
+        return await self._create_note(repo, number, body)
+
+    async def add_reaction(
+        self, repo: str, comment_id: int, reaction: Reaction, *, number: int | None = None
+    ) -> None:
+        """Award an emoji to a note; GitLab needs the MR iid, so without it this does nothing."""
+        if number is None:
+            logger.debug(
+                "no MR iid for note %s, reaction skipped",
+                comment_id,
+                extra={"action": "add_reaction_skipped"},
+            )
+            return
+        project = self._project(repo)
+        path = f"/projects/{project}/merge_requests/{number}/notes/{comment_id}/award_emoji"
+
+        def create(gl: gitlab.Gitlab) -> None:
+            gl.http_post(path, post_data={"name": AWARD_NAMES[reaction]}, obey_rate_limit=False)
+
+        await self._call("add_reaction", create)
+
+    async def get_permission(self, repo: str, user: str) -> Permission:
+        """Map the user's (inherited) member access level; "none" if not a member."""
+        project = self._project(repo)
+        user_id = self._user_ids.get(user)
+        if user_id is None:
+
+            def lookup(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
+                return cast(
+                    list[dict[str, Any]],
+                    gl.http_list(
+                        "/users", {"username": user}, get_all=False, obey_rate_limit=False
+                    ),
+                )
+
+            found = await self._call("find_user", lookup)
+            if not found:
+                return "none"
+            user_id = int(found[0]["id"])
+            self._user_ids[user] = user_id
+
+        def member(gl: gitlab.Gitlab) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                gl.http_get(f"/projects/{project}/members/all/{user_id}", obey_rate_limit=False),
+            )
+
+        try:
+            answer = await self._call("get_member", member)
+        except ForgeNotFound:
+            return "none"
+        return permission_from_access_level(int(answer.get("access_level") or 0))
+
+
+def _note_path(note: Mapping[str, Any]) -> str | None:
+    position = note.get("position") or {}
+    return cast(str | None, position.get("new_path") or position.get("old_path"))
+
+
+def build_position(
+    comment: InlineComment,
+    *,
+    base_sha: str,
+    start_sha: str,
+    head_sha: str,
+    lines: DiffLines | None,
+) -> dict[str, Any]:
+    """Build a text position; an unchanged line needs both old_line and new_line."""
+    position: dict[str, Any] = {
+        "position_type": "text",
+        "base_sha": base_sha,
+        "start_sha": start_sha,
+        "head_sha": head_sha,
+        "new_path": comment.path,
+        "old_path": comment.path,
+    }
+    old_line: int | None
+    new_line: int | None
+    if lines is not None and lines.has_line(comment.line, comment.side):
+        old_line, new_line = lines.line_pair(comment.line, comment.side)
+    elif comment.side == "LEFT":
+        old_line, new_line = comment.line, None
+    else:
+        old_line, new_line = None, comment.line
+    if old_line is not None:
+        position["old_line"] = old_line
+    if new_line is not None:
+        position["new_line"] = new_line
+    return position
+
+
+def file_change_from_gitlab(item: Mapping[str, Any]) -> FileChange:
+    """Turn one MR diff entry into a FileChange (patch None for binary, collapsed or too large)."""
+    diff = str(item.get("diff") or "")
+    too_big = bool(item.get("too_large")) or bool(item.get("collapsed"))
+    patch = diff if diff.startswith("@@") and not too_big else None
+    additions, deletions = count_patch_lines(patch)
+    if item.get("new_file"):
+        status = "added"
+    elif item.get("deleted_file"):
+        status = "removed"
+    elif item.get("renamed_file"):
+        status = "renamed"
+    else:
+        status = "modified"
+    new_path = str(item.get("new_path") or item.get("old_path"))
+    old_path = item.get("old_path")
+    return FileChange(
+        path=new_path,
+        additions=additions,
+        deletions=deletions,
+        patch=patch,
+        status=status,
+        previous_path=str(old_path) if status == "renamed" and old_path else None,
+    )

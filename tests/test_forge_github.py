@@ -1,0 +1,490 @@
+"""The real GitHub client against the forge emulator over loopback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import aiohttp
+import gidgethub
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from gidgethub import sansio
+
+from bot.errors import ForgeError, ForgeNotFound
+from bot.forges.base import (
+    ForgePermissionDenied,
+    InlineComment,
+    RetryPolicy,
+    ReviewToPost,
+    find_marker,
+    parse_diff_lines,
+    render_marker,
+)
+from bot.forges.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
+from bot.forges.github import GitHubClient, translate_github_error
+from bot.model import FileChange
+
+SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
+REPO = "acme/shop"
+
+
+class VirtualClock:
+    """A clock that only moves when slept on or advanced; records every sleep."""
+
+    def __init__(self) -> None:
+        self.current = datetime(2025, 3, 3, 10, 0, tzinfo=UTC)
+        self.sleeps: list[float] = []
+
+    def now(self) -> datetime:
+        return self.current
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.current += timedelta(seconds=seconds)
+
+    def advance(self, **delta: float) -> None:
+        self.current += timedelta(**delta)
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
+    state = EmulatorState(clock=clock.now)
+    state.github_tokens.add("test-token")
+    async with ForgeEmulator(state) as running:
+        yield running
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
+        yield client
+
+
+def make_client(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock, **options: object
+) -> GitHubClient:
+    return GitHubClient(
+        session,
+        base_url=emulator.github_url,
+        token=options.pop("token", "test-token"),  # type: ignore[arg-type]
+        clock=clock.now,
+        sleep=clock.sleep,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def first_added_line(change: FileChange) -> int:
+    return min(parse_diff_lines(change.patch).added)
+
+
+async def test_fetch_changes_pages_through_files_and_keeps_binary_without_patch(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=900, files=230, seed=3, binary_files=2)
+    pull = emulator.state.add_pull("github", REPO, 7, files=files)
+    client = make_client(emulator, session, clock)
+
+    changes = await client.fetch_changes(REPO, 7)
+
+    assert [item.path for item in changes.files] == [item.path for item in files]
+    assert [item.patch for item in changes.files] == [item.patch for item in files]
+    assert sum(item.changed_lines for item in changes.files) == 900
+    assert [item.path for item in changes.files if item.patch is None] == [
+        "assets/image_0.png",
+        "assets/image_1.png",
+    ]
+    assert changes.head_sha == pull.newest.head_sha
+    assert changes.base_sha == pull.newest.base_sha
+    assert not changes.truncated
+    assert emulator.state.count_requests("github.files") == 3  # 232 files at 100 a page
+
+
+async def test_fetch_changes_stops_at_the_3000_file_cap(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    files = [FileChange(path=f"gen/file_{index}.txt", patch=None) for index in range(3005)]
+    emulator.state.add_pull("github", REPO, 8, files=files)
+    client = make_client(emulator, session, clock)
+
+    changes = await client.fetch_changes(REPO, 8)
+
+    assert len(changes.files) == 3000
+    assert changes.truncated
+    assert changes.total_files == 3005
+
+
+async def test_missing_pull_is_forge_not_found(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    client = make_client(emulator, session, clock)
+    with pytest.raises(ForgeNotFound) as caught:
+        await client.fetch_changes(REPO, 404)
+    assert caught.value.status == 404
+    assert not caught.value.retryable
+
+
+async def test_app_auth_caches_the_installation_token_until_five_minutes_before_expiry(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    public_pem = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    emulator.state.register_app("4242", public_pem)
+    emulator.state.add_pull(
+        "github",
+        REPO,
+        9,
+        files=generate_file_changes(changed_lines=20, files=2),
+        installation_id=77,
+    )
+    client = GitHubClient(
+        session,
+        base_url=emulator.github_url,
+        app_id="4242",
+        private_key=private_pem,
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
+
+    await client.fetch_changes(REPO, 9, installation_id=77)
+    clock.advance(minutes=54)
+    await client.fetch_changes(REPO, 9, installation_id=77)
+    assert emulator.state.count_requests("github.access_token") == 1
+
+    clock.advance(minutes=2)  # 56 minutes in: inside the five-minute margin
+    await client.fetch_changes(REPO, 9, installation_id=77)
+    assert emulator.state.count_requests("github.access_token") == 2
+    assert client.tokens_issued == 2
+
+    # Without an installation id the client asks GitHub which installation holds the repo.
+    other = GitHubClient(
+        session,
+        base_url=emulator.github_url,
+        app_id="4242",
+        private_key=private_pem,
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
+    assert await other.get_permission(REPO, "octocat") == "read"
+    assert emulator.state.count_requests("github.installation", status=200) == 1
+
+
+async def test_token_of_another_installation_sees_nothing(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    public_pem = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    emulator.state.register_app("1", public_pem)
+    files = generate_file_changes(changed_lines=5, files=1)
+    emulator.state.add_pull("github", REPO, 1, files=files, installation_id=5)
+    emulator.state.add_pull("github", "other/repo", 1, files=files, installation_id=6)
+    client = GitHubClient(
+        session,
+        base_url=emulator.github_url,
+        app_id="1",
+        private_key=private_pem,
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
+    with pytest.raises(ForgeNotFound):
+        await client.fetch_changes(REPO, 1, installation_id=6)
+
+
+async def test_post_review_once_with_marker_and_a_retry_finds_it(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=30, files=2, seed=1)
+    pull = emulator.state.add_pull("github", REPO, 11, files=files)
+    client = make_client(emulator, session, clock)
+    review = ReviewToPost(
+        job_id=501,
+        body="Two findings.",
+        comments=(
+            InlineComment(files[0].path, first_added_line(files[0]), "Possible None here."),
+            InlineComment(files[1].path, first_added_line(files[1]), "Unbounded retry."),
+        ),
+        head_sha=pull.newest.head_sha,
+    )
+
+    posted = await client.post_review(REPO, 11, review)
+    again = await client.post_review(REPO, 11, review)
+
+    records = emulator.state.posted(kind="review", repo=REPO, number=11)
+    assert len(records) == 1
+    assert render_marker(501) in (records[0].body or "")
+    assert find_marker(records[0].body) == 501
+    assert records[0].data["event"] == "COMMENT"
+    assert [(item["path"], item["line"], item["side"]) for item in records[0].data["comments"]] == [
+        (item.path, item.line, "RIGHT") for item in review.comments
+    ]
+    assert posted.inline_posted == 2 and not posted.already_posted
+    assert again.already_posted and again.id == posted.id
+    found = await client.find_posted_review(REPO, 11, render_marker(501))
+    assert found is not None and found.job_id == 501
+    assert await client.find_posted_review(REPO, 11, render_marker(502)) is None
+
+
+async def test_lost_answer_to_a_review_post_is_not_posted_twice(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=10, files=1, seed=2)
+    emulator.state.add_pull("github", REPO, 12, files=files)
+    emulator.state.add_fault("github.reviews.create", Fault.lost_response(502))
+    client = make_client(emulator, session, clock)
+
+    posted = await client.post_review(REPO, 12, ReviewToPost(job_id=9, body="Looks fine."))
+
+    assert len(emulator.state.posted(kind="review", number=12)) == 1
+    assert posted.job_id == 9
+    assert emulator.state.count_requests("github.reviews.create") == 1
+
+
+async def test_comment_outside_the_diff_falls_back_to_a_summary_listing_the_findings(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=12, files=1, seed=4)
+    emulator.state.add_pull("github", REPO, 13, files=files)
+    client = make_client(emulator, session, clock)
+    outside = max(parse_diff_lines(files[0].patch).added) + 500
+    review = ReviewToPost(
+        job_id=77,
+        body="Summary of the review.",
+        comments=(InlineComment(files[0].path, outside, "This line is not in the diff."),),
+    )
+
+    posted = await client.post_review(REPO, 13, review)
+
+    assert emulator.state.count_requests("github.reviews.create", status=422) == 1
+    records = emulator.state.posted(kind="review", number=13)
+    assert len(records) == 1
+    assert records[0].data["comments"] == []
+    body = records[0].body or ""
+    assert f"`{files[0].path}` line {outside}" in body
+    assert "could not be placed" in body
+    assert find_marker(body) == 77
+    assert posted.summary_only and posted.inline_rejected == 1
+
+
+async def test_server_errors_are_retried_with_backoff(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("github", REPO, 14, files=SMALL)
+    emulator.state.add_fault("github.files", Fault.server_error(502), times=2)
+    client = make_client(emulator, session, clock, retry=RetryPolicy(attempts=4, base_delay_s=2.0))
+
+    changes = await client.fetch_changes(REPO, 14)
+
+    assert len(changes.files) == 1
+    assert clock.sleeps == [2.0, 4.0]
+    assert emulator.state.count_requests("github.files", status=502) == 2
+
+
+async def test_server_errors_give_up_after_the_last_attempt(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("github", REPO, 15, files=SMALL)
+    emulator.state.add_fault("github.pull", Fault.server_error(503), times=3)
+    client = make_client(emulator, session, clock, retry=RetryPolicy(attempts=3, base_delay_s=1.0))
+
+    with pytest.raises(ForgeError) as caught:
+        await client.fetch_changes(REPO, 15)
+    assert caught.value.status == 503 and caught.value.retryable
+    assert clock.sleeps == [1.0, 2.0]
+
+
+async def test_secondary_rate_limit_obeys_retry_after(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("github", REPO, 16, files=SMALL)
+    emulator.state.add_fault("github.reviews.create", Fault.secondary_rate_limit(retry_after=37))
+    client = make_client(emulator, session, clock)
+
+    posted = await client.post_review(REPO, 16, ReviewToPost(job_id=16, body="ok"))
+
+    assert posted.job_id == 16
+    assert 37.0 in clock.sleeps
+    assert emulator.state.count_requests("github.reviews.create", status=403) == 1
+    assert len(emulator.state.posted(kind="review", number=16)) == 1
+
+
+async def test_too_many_requests_obeys_retry_after(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("github", REPO, 17, files=SMALL)
+    emulator.state.add_fault("github.comments.create", Fault.too_many_requests(retry_after=12))
+    client = make_client(emulator, session, clock)
+
+    comment_id = await client.post_comment(REPO, 17, "Queued at P2.")
+
+    assert 12.0 in clock.sleeps
+    records = emulator.state.posted(kind="issue_comment", number=17)
+    assert [(item.body, item.data["id"]) for item in records] == [("Queued at P2.", comment_id)]
+
+
+async def test_content_posts_are_spaced_a_second_apart(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("github", REPO, 18, files=SMALL)
+    client = make_client(emulator, session, clock)
+
+    for index in range(3):
+        await client.post_comment(REPO, 18, f"comment {index}")
+
+    assert clock.sleeps == [1.0, 1.0]
+    assert len(emulator.state.posted(kind="issue_comment", number=18)) == 3
+
+
+async def test_slow_answer_times_out_and_is_retried(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("github", REPO, 19, files=SMALL)
+    emulator.state.add_fault("github.pull", Fault.slow(0.5))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.1)) as short:
+        client = make_client(emulator, short, clock)
+        changes = await client.fetch_changes(REPO, 19)
+    assert len(changes.files) == 1
+    assert clock.sleeps == [1.0]
+
+
+async def test_reaction_and_permission(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("github", REPO, 20, files=SMALL)
+    comment_id = emulator.state.add_issue_comment(
+        REPO, 20, user="alice", body="/review priority p1"
+    )
+    emulator.state.set_permission(REPO, "alice", "maintain")
+    emulator.state.set_permission(REPO, "bob", "triage")
+    client = make_client(emulator, session, clock)
+
+    await client.add_reaction(REPO, comment_id, "eyes")
+    await client.add_reaction(REPO, comment_id, "eyes")  # GitHub keeps one per user and content
+
+    reactions = emulator.state.posted(kind="reaction")
+    assert [(item.body, item.data["comment_id"]) for item in reactions] == [("eyes", comment_id)]
+    assert await client.get_permission(REPO, "alice") == "maintain"
+    assert await client.get_permission(REPO, "bob") == "triage"
+    assert await client.get_permission(REPO, "nobody-known") == "none"
+    with pytest.raises(ForgeNotFound):
+        await client.add_reaction(REPO, 999999, "+1")
+
+
+async def test_bad_token_is_not_retried(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("github", REPO, 21, files=SMALL)
+    client = make_client(emulator, session, clock, token="wrong")
+    with pytest.raises(ForgeError) as caught:
+        await client.fetch_changes(REPO, 21)
+    assert caught.value.status == 401
+    assert clock.sleeps == []
+
+
+async def test_exhausted_primary_rate_limit_waits_until_the_reset(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("github", REPO, 22, files=SMALL)
+    reset = int(clock.now().timestamp()) + 120
+    limit_headers = {
+        "x-ratelimit-limit": "5000",
+        "x-ratelimit-remaining": "0",
+        "x-ratelimit-reset": str(reset),
+    }
+    exhausted = Fault(
+        status=403, message="API rate limit exceeded for installation.", headers=limit_headers
+    )
+    emulator.state.add_fault("github.pull", exhausted)
+    client = make_client(emulator, session, clock)
+
+    changes = await client.fetch_changes(REPO, 22)
+
+    assert len(changes.files) == 1
+    assert clock.sleeps == [120.0]
+
+
+def gidgethub_error(
+    status: int, body: dict[str, object], **headers: str
+) -> gidgethub.HTTPException:
+    raw = json.dumps(body).encode()
+    try:
+        sansio.decipher_response(status, {"content-type": "application/json", **headers}, raw)
+    except gidgethub.HTTPException as exc:
+        return exc
+    raise AssertionError("decipher_response accepted an error status")
+
+
+def test_translate_github_error_maps_each_kind_once() -> None:
+    now = datetime(2025, 3, 3, 10, 0, tzinfo=UTC)
+    reset = str(int(now.timestamp()) + 30)
+    primary = gidgethub_error(
+        403,
+        {"message": "API rate limit exceeded"},
+        **{"x-ratelimit-limit": "60", "x-ratelimit-remaining": "0", "x-ratelimit-reset": reset},
+    )
+    assert isinstance(primary, gidgethub.RateLimitExceeded)
+    cases = [
+        (primary, ForgeError, 403, 30.0, True),
+        (
+            gidgethub_error(403, {"message": "You have exceeded a secondary rate limit"}),
+            ForgeError,
+            403,
+            60.0,
+            True,
+        ),
+        (
+            gidgethub_error(403, {"message": "Resource not accessible by integration"}),
+            ForgePermissionDenied,
+            403,
+            None,
+            False,
+        ),
+        (
+            gidgethub_error(429, {"message": "slow down"}, **{"retry-after": "7"}),
+            ForgeError,
+            429,
+            7.0,
+            True,
+        ),
+        (gidgethub_error(404, {"message": "Not Found"}), ForgeNotFound, 404, None, False),
+        (
+            gidgethub_error(422, {"message": "Unprocessable Entity", "errors": ["bad line"]}),
+            ForgeError,
+            422,
+            None,
+            False,
+        ),
+        (gidgethub_error(502, {"message": "Server Error"}), ForgeError, 502, None, True),
+    ]
+    for error, kind, status, retry_after, retryable in cases:
+        translated = translate_github_error(error, now=now)
+        assert type(translated) is kind, error
+        assert (translated.status, translated.retry_after, translated.retryable) == (
+            status,
+            retry_after,
+            retryable,
+        ), error

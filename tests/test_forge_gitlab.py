@@ -1,0 +1,258 @@
+"""The real GitLab client (python-gitlab in a thread) against the forge emulator."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from bot.errors import ForgeError, ForgeNotFound
+from bot.forges.base import (
+    InlineComment,
+    RetryPolicy,
+    ReviewToPost,
+    find_marker,
+    parse_diff_lines,
+    render_marker,
+)
+from bot.forges.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
+from bot.forges.gitlab import GitLabClient, permission_from_access_level
+from bot.model import FileChange
+
+SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
+REPO = "acme/platform/api"
+
+
+class VirtualClock:
+    """A clock that only moves when slept on; records every sleep."""
+
+    def __init__(self) -> None:
+        self.current = datetime(2025, 3, 3, 10, 0, tzinfo=UTC)
+        self.sleeps: list[float] = []
+
+    def now(self) -> datetime:
+        return self.current
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.current += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
+    state = EmulatorState(clock=clock.now)
+    state.gitlab_tokens.add("glpat-test")
+    async with ForgeEmulator(state) as running:
+        yield running
+
+
+def make_client(emulator: ForgeEmulator, clock: VirtualClock, **options: object) -> GitLabClient:
+    return GitLabClient(
+        url=emulator.gitlab_url,
+        token=options.pop("token", "glpat-test"),  # type: ignore[arg-type]
+        clock=clock.now,
+        sleep=clock.sleep,
+        timeout_s=5.0,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def context_line(change: FileChange) -> tuple[int, int]:
+    lines = parse_diff_lines(change.patch)
+    new_line = min(lines.context)
+    return new_line, lines.context[new_line]
+
+
+async def test_fetch_changes_reads_the_newest_version_and_pages_the_diffs(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    first = generate_file_changes(changed_lines=100, files=10, seed=5)
+    emulator.state.add_pull("gitlab", REPO, 3, files=first)
+    second = generate_file_changes(changed_lines=300, files=45, seed=6, binary_files=1)
+    pushed = emulator.state.push("gitlab", REPO, 3, files=second)
+    client = make_client(emulator, clock, per_page=20)
+
+    changes = await client.fetch_changes(REPO, 3)
+
+    assert changes.head_sha == pushed.head_sha
+    assert changes.base_sha == pushed.base_sha and changes.start_sha == pushed.start_sha
+    assert [item.path for item in changes.files] == [item.path for item in second]
+    assert [(item.additions, item.deletions) for item in changes.files] == [
+        (item.additions, item.deletions) for item in second
+    ]
+    assert changes.files[-1].patch is None  # the binary file
+    assert not changes.truncated
+    assert emulator.state.count_requests("gitlab.diffs") == 3  # 46 entries at 20 a page
+
+
+async def test_fetch_changes_by_numeric_project_id_and_file_cap(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=60, files=30, seed=7)
+    emulator.state.add_pull("gitlab", REPO, 4, files=files, project_id=7001)
+    client = make_client(emulator, clock, max_files=25)
+
+    changes = await client.fetch_changes(REPO, 4, project_id=7001)
+
+    assert len(changes.files) == 25
+    assert changes.truncated
+
+
+async def test_missing_merge_request_is_forge_not_found(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("gitlab", REPO, 5, files=SMALL)
+    client = make_client(emulator, clock)
+    with pytest.raises(ForgeNotFound):
+        await client.fetch_changes(REPO, 404)
+    with pytest.raises(ForgeNotFound):
+        await client.fetch_changes("no/such/project", 1)
+
+
+async def test_post_review_places_positions_and_posts_the_summary_once(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=40, files=2, seed=8)
+    pull = emulator.state.add_pull("gitlab", REPO, 6, files=files)
+    client = make_client(emulator, clock)
+    changes = await client.fetch_changes(REPO, 6)
+    added = min(parse_diff_lines(files[0].patch).added)
+    context_new, context_old = context_line(files[1])
+    review = ReviewToPost(
+        job_id=61,
+        body="Review summary.",
+        comments=(
+            InlineComment(files[0].path, added, "Check this."),
+            InlineComment(files[1].path, context_new, "Unchanged but suspicious."),
+        ),
+        base_sha=changes.base_sha,
+        start_sha=changes.start_sha,
+        head_sha=changes.head_sha,
+    )
+
+    posted = await client.post_review(REPO, 6, review)
+    again = await client.post_review(REPO, 6, review)
+
+    discussions = emulator.state.posted(kind="discussion", number=6)
+    positions = [item.data["position"] for item in discussions]
+    assert [(p["new_path"], p.get("old_line"), p.get("new_line")) for p in positions] == [
+        (files[0].path, None, added),
+        (files[1].path, context_old, context_new),
+    ]
+    assert all(p["head_sha"] == pull.newest.head_sha for p in positions)
+    notes = emulator.state.posted(kind="note", number=6)
+    assert len(notes) == 1 and find_marker(notes[0].body) == 61
+    assert posted.inline_posted == 2 and posted.inline_rejected == 0
+    assert again.already_posted and again.id == posted.id
+    found = await client.find_posted_review(REPO, 6, render_marker(61))
+    assert found is not None and found.id == posted.id
+
+
+async def test_bad_position_is_listed_in_the_summary(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=10, files=1, seed=9)
+    emulator.state.add_pull("gitlab", REPO, 7, files=files)
+    client = make_client(emulator, clock)
+    outside = max(parse_diff_lines(files[0].patch).added) + 300
+    review = ReviewToPost(
+        job_id=71,
+        body="Summary.",
+        comments=(InlineComment(files[0].path, outside, "Not on the diff."),),
+    )
+
+    posted = await client.post_review(REPO, 7, review)
+
+    assert emulator.state.count_requests("gitlab.discussions.create", status=400) == 1
+    assert emulator.state.posted(kind="discussion", number=7) == []
+    notes = emulator.state.posted(kind="note", number=7)
+    assert len(notes) == 1
+    assert f"`{files[0].path}` line {outside}" in (notes[0].body or "")
+    assert posted.summary_only and posted.inline_rejected == 1
+
+
+async def test_crash_before_the_summary_resumes_without_duplicate_discussions(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=10, files=1, seed=10)
+    emulator.state.add_pull("gitlab", REPO, 8, files=files)
+    emulator.state.add_fault("gitlab.notes.create", Fault.server_error(500), times=2)
+    client = make_client(emulator, clock, retry=RetryPolicy(attempts=2, base_delay_s=1.0))
+    added = min(parse_diff_lines(files[0].patch).added)
+    review = ReviewToPost(
+        job_id=81, body="Summary.", comments=(InlineComment(files[0].path, added, "Hmm."),)
+    )
+
+    with pytest.raises(ForgeError) as caught:
+        await client.post_review(REPO, 8, review)
+    assert caught.value.status == 500
+    posted = await client.post_review(REPO, 8, review)
+
+    assert len(emulator.state.posted(kind="discussion", number=8)) == 1
+    assert len(emulator.state.posted(kind="note", number=8)) == 1
+    assert posted.inline_posted == 1
+
+
+async def test_server_errors_retry_and_429_obeys_retry_after(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("gitlab", REPO, 9, files=SMALL)
+    emulator.state.add_fault("gitlab.versions", Fault.server_error(502))
+    emulator.state.add_fault("gitlab.diffs", Fault.too_many_requests(retry_after=9))
+    client = make_client(emulator, clock, retry=RetryPolicy(attempts=3, base_delay_s=2.0))
+
+    changes = await client.fetch_changes(REPO, 9)
+
+    assert len(changes.files) == 1
+    assert clock.sleeps == [2.0, 9.0]
+
+
+async def test_permission_maps_access_levels(emulator: ForgeEmulator, clock: VirtualClock) -> None:
+    emulator.state.add_pull("gitlab", REPO, 10, files=SMALL)
+    emulator.state.set_access_level(REPO, "dev", 30)
+    emulator.state.set_access_level(REPO, "reporter", 20)
+    emulator.state.set_access_level(REPO, "owner", 50)
+    emulator.state.user_id("outsider")
+    client = make_client(emulator, clock)
+
+    assert await client.get_permission(REPO, "dev") == "write"
+    assert await client.get_permission(REPO, "reporter") == "triage"
+    assert await client.get_permission(REPO, "owner") == "admin"
+    assert await client.get_permission(REPO, "outsider") == "none"
+    assert await client.get_permission(REPO, "ghost") == "none"
+    assert [permission_from_access_level(level) for level in (0, 10, 40)] == [
+        "none",
+        "read",
+        "maintain",
+    ]
+
+
+async def test_reaction_awards_an_emoji_on_the_note(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    emulator.state.add_pull("gitlab", REPO, 11, files=SMALL)
+    note_id = emulator.state.add_note(REPO, 11, user="dev", body="/review status")
+    client = make_client(emulator, clock)
+
+    await client.add_reaction(REPO, note_id, "+1", number=11)
+    await client.add_reaction(REPO, note_id, "eyes")  # no MR iid: nothing to do
+
+    awards = emulator.state.posted(kind="award_emoji")
+    assert [(item.body, item.data["note_id"]) for item in awards] == [("thumbsup", note_id)]
+    comment_id = await client.post_comment(REPO, 11, "Status: queued at P2.")
+    assert emulator.state.posted(kind="note", number=11)[0].data["id"] == comment_id
+
+
+async def test_bad_token_is_not_retried(emulator: ForgeEmulator, clock: VirtualClock) -> None:
+    emulator.state.add_pull("gitlab", REPO, 12, files=SMALL)
+    client = make_client(emulator, clock, token="wrong")
+    with pytest.raises(ForgeError) as caught:
+        await client.fetch_changes(REPO, 12)
+    assert caught.value.status == 401 and not caught.value.retryable
+    assert clock.sleeps == []
