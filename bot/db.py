@@ -47,6 +47,10 @@ def create_engine(
         # No pre-ping: it costs a round trip per checkout on the hot path; a dropped
         # connection is invalidated on its first error and the store answers StoreUnavailable.
         pool_recycle=1800,
+        # Transactions always end in commit or rollback (engine.begin()), and single
+        # statements run in autocommit, so the pool's rollback on check-in would only add
+        # a round trip to every operation.
+        pool_reset_on_return=None,
     )
 
 

@@ -1,83 +1,386 @@
-"""`make demo`: the bot on embedded defaults, from an empty machine to printed results."""
+"""`make demo`: the whole bot on embedded defaults, webhooks in and reviews out, in minutes.
+
+Embedded PostgreSQL, the forge emulator, the web app and an 8-slot dispatcher in one process,
+and a slice of the morning-burst trace replayed as real signed webhooks at `--speed` times real
+time. Every clock of the bot runs at that speed (a scaled clock), so the waits it prints are in
+trace seconds, comparable to `bot simulate`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import logging
+import os
+import subprocess
+import time
 from collections import Counter
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from aiohttp import web
 
 from bot import devdb
-from bot.clock import VirtualClock
-from bot.config import Settings
+from bot.app import create_app
+from bot.clock import EPOCH
+from bot.config import REPO_ROOT, Settings
 from bot.db import upgrade_database
-from bot.model import LEVELS, ChunkPlan, Level, PolicyDecision, ReviewRequest
+from bot.errors import ConfigError
+from bot.forges.base import RetryPolicy, find_marker
+from bot.forges.emulator import (
+    EmulatorState,
+    ForgeEmulator,
+    build_github_pull_request_event,
+    build_gitlab_merge_request_event,
+    generate_file_changes,
+    send_webhook,
+)
+from bot.forges.registry import ForgeOptions, build_forges
+from bot.llm.base import LLMBackend
+from bot.llm.simulated import SimulatedBackend
+from bot.model import FileChange, JobState
+from bot.obs.reports import ReportOptions, build_report, format_table
+from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
+from bot.review.poster import ReviewPipeline
+from bot.sched.dispatcher import Dispatcher, DispatcherSettings, ForgePlanner
+from bot.sim.trace import Trace, TraceRequest, generate_trace, head_sha_for, load_trace
+
+log = logging.getLogger(__name__)
+
+TRACE = REPO_ROOT.parent / "shared" / "traces" / "morning-burst.jsonl"
+SECRET = "demo-webhook-secret"
+TOKEN = "demo-forge-token"
+FIXTURES = REPO_ROOT.parent / "shared" / "fixtures"
+SMELLS = (
+    "+    print(payload)  # TODO drop the debug output",
+    '+    api_key = "sk-demo-not-a-real-key"',
+    "+    subprocess.run(command, shell=True)",
+)
 
 
-async def _queue_demo(url: str, *, jobs: int, consumers: int) -> None:
+class ScaledClock:
+    """Trace time: starts at EPOCH and runs `speed` times faster than the wall."""
+
+    def __init__(self, speed: float) -> None:
+        self.speed = speed
+        self._started = time.monotonic()
+
+    def now(self) -> datetime:
+        return EPOCH + timedelta(seconds=(time.monotonic() - self._started) * self.speed)
+
+    def trace_seconds(self) -> float:
+        return (time.monotonic() - self._started) * self.speed
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def demo_files(request: TraceRequest) -> list[FileChange]:
+    """Generated diffs with the trace's per-file sizes; every third change has a smell."""
+    files: list[FileChange] = []
+    for index, lines in enumerate(request.file_lines):
+        [change] = generate_file_changes(
+            changed_lines=max(1, lines), files=1, seed=hash((request.id, index)) & 0xFFFF
+        )
+        files.append(replace(change, path=f"src/part{index}/{change.path.rsplit('/', 1)[-1]}"))
+    if int(request.id.lstrip("r") or 0) % 3 == 0:
+        smell = SMELLS[len(request.file_lines) % len(SMELLS)]
+        patch = (
+            f"@@ -10,3 +10,4 @@\n def handle(payload):\n-    pass\n{smell}\n+    return payload\n "
+        )
+        files.append(FileChange(path="app/handlers.py", additions=2, deletions=1, patch=patch))
+    return files
+
+
+def load_demo_trace(count: int) -> tuple[Trace, str]:
+    """The first `count` requests of the shared morning burst, or a generated one."""
+    if TRACE.is_file():
+        trace = load_trace(TRACE)
+        source = str(TRACE)
+    else:
+        trace = generate_trace(seed=7, scenario="demo")
+        source = "a generated trace (../shared is absent)"
+    wanted = [r for r in trace.requests if r.action in ("opened", "synchronize")][:count]
+    return Trace(header=trace.header, requests=tuple(wanted), source=source), source
+
+
+async def send_request(
+    emulator: ForgeEmulator, url: str, request: TraceRequest, seen: set[tuple[str, str, int]]
+) -> str:
+    """Seed (or push to) the PR in the emulator, then deliver its signed webhook."""
+    state = emulator.state
+    key = (request.forge, request.repo, request.number)
+    files = demo_files(request)
+    head_sha = head_sha_for(request)
+    if key in seen:
+        state.push(request.forge, request.repo, request.number, files=files, head_sha=head_sha)
+    else:
+        state.add_pull(
+            request.forge,
+            request.repo,
+            request.number,
+            files=files,
+            head_sha=head_sha,
+            base_ref=request.base_ref,
+            head_ref=request.head_ref,
+            author=request.author,
+            labels=request.labels,
+            installation_id=1,
+        )
+        seen.add(key)
+    pull = state.get_pull(request.forge, request.repo, request.number)
+    if request.forge == "github":
+        fixture = json.loads((FIXTURES / "github" / "pull_request.opened.json").read_text())
+        payload = build_github_pull_request_event(
+            fixture,
+            action=request.action,
+            repo=request.repo,
+            number=request.number,
+            title=f"{request.head_ref} ({request.id})",
+            base_ref=request.base_ref,
+            head_ref=request.head_ref,
+            base_sha=pull.newest.base_sha,
+            head_sha=head_sha,
+            labels=list(request.labels),
+            author=request.author,
+            author_type="Bot" if request.author_is_bot else "User",
+            draft=request.draft,
+            changed_files=len(files),
+            additions=sum(item.additions for item in files),
+            deletions=sum(item.deletions for item in files),
+            installation_id=1,
+        )
+        answer = await send_webhook(
+            f"{url}/webhooks/github", "github", "pull_request", payload, SECRET
+        )
+    else:
+        fixture = json.loads(
+            (FIXTURES / "gitlab" / "merge_request_hook.open.gitlab_com.json").read_text()
+        )
+        payload = build_gitlab_merge_request_event(
+            fixture,
+            action="open" if request.action == "opened" else "update",
+            repo=request.repo,
+            project_id=pull.project_id,
+            number=request.number,
+            title=f"{request.head_ref} ({request.id})",
+            base_ref=request.base_ref,
+            head_ref=request.head_ref,
+            head_sha=head_sha,
+            oldrev=pull.versions[-2].head_sha if len(pull.versions) > 1 else None,
+            labels=list(request.labels),
+            author=request.author,
+            author_is_bot=request.author_is_bot,
+            draft=request.draft,
+        )
+        answer = await send_webhook(
+            f"{url}/webhooks/gitlab", "gitlab", "Merge Request Hook", payload, SECRET
+        )
+    if answer.status >= 300:
+        return f"refused {answer.status}"
+    return str(json.loads(answer.body).get("status"))
+
+
+def vllm_backend() -> tuple[LLMBackend, str]:
+    """Start the CPU vLLM server (scripts/vllm_cpu.sh; it stops with us); returns backend, URL."""
+    from bot.llm.openai_compat import OpenAICompatBackend
+
+    script = REPO_ROOT / "scripts" / "vllm_cpu.sh"
+    port = os.environ.get("REVIEW_BOT_VLLM_PORT", "8011")
+    say("starting the CPU vLLM server (scripts/vllm_cpu.sh; the first run installs it)...")
+    paths = dict(
+        line.split("=", 1)
+        for line in subprocess.run(
+            [str(script), "paths"], check=True, capture_output=True, text=True
+        ).stdout.split()
+        if "=" in line
+    )
+    served = subprocess.run(
+        [str(script), "serve", "--port", port, "--watch-pid", str(os.getpid())],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if served.returncode != 0:
+        raise ConfigError(f"the CPU vLLM server did not start: {served.stderr.strip()[-2000:]}")
+    answers = dict(line.split("=", 1) for line in served.stdout.split() if "=" in line)
+    url = answers.get("URL", f"http://127.0.0.1:{port}")
+    backend = OpenAICompatBackend([url], model=paths["MODEL_DIR"], timeout_s=600.0)
+    return backend, url
+
+
+async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> int:
+    """Everything after the database exists: serve, replay, drain, report."""
     await upgrade_database(url)
-    store = QueueStore.from_url(url, pool_size=consumers + 1)
-    clock = VirtualClock()
-    try:
-        for number in range(1, jobs + 1):
-            level = Level(number % 4)
-            request = ReviewRequest(
-                forge="github",
-                repo="acme/demo",
-                number=number,
-                title=f"change {number}",
-                author="dev",
-                author_is_bot=False,
-                base_ref="main",
-                head_ref=f"f/{number}",
-                base_sha="0" * 40,
-                head_sha=f"{number:040x}",
-                event="pull_request",
-                action="opened",
-            )
-            result = await store.submit_request(
-                request, PolicyDecision(level=level, reasons=(f"demo {level}",)), now=clock.now()
-            )
-            assert result.job_id is not None
-            plans = [ChunkPlan(files=({"path": f"f{i}.py"},), lines=20) for i in range(3)]
-            await store.plan_job(result.job_id, plans, now=clock.now())
-        print(f"enqueued {jobs} jobs x 3 chunks at levels P0..P3")
-        taken: list[tuple[str, Level]] = []
+    clock = ScaledClock(speed)
+    trace, source = load_demo_trace(requests)
+    say(f"trace: {len(trace.requests)} requests from {source}, replayed at {speed:g}x")
+    emulator_state = EmulatorState()
+    settings = Settings(
+        database_url=url,
+        github_webhook_secret=SECRET,
+        gitlab_webhook_token=SECRET,
+        github_token=TOKEN,
+        gitlab_token=TOKEN,
+    )
+    store = QueueStore.from_url(url, pool_size=20)
+    policies = load_policy_book(settings.policy_dir)
+    backend: LLMBackend
+    if llm == "vllm-cpu":
+        backend, llm_url = vllm_backend()
+        say(f"LLM: real vLLM on the CPU at {llm_url} (SmolLM2-135M: a tiny model, poor reviews)")
+    else:
+        backend = SimulatedBackend(sleep=asyncio.sleep, time_scale=1.0 / speed)
+        say("LLM: the simulated backend (trace cost model, time scaled by the speed)")
+    started = time.monotonic()
+    async with ForgeEmulator(emulator_state) as emulator:
+        settings = settings.with_changes(
+            github_api_url=emulator.github_url, gitlab_url=emulator.gitlab_url
+        )
+        forges = build_forges(
+            settings,
+            options=ForgeOptions(
+                retry=RetryPolicy(attempts=4, base_delay_s=0.2),
+                post_interval_s=1.0 / speed,  # GitHub's one POST a second, in trace time
+            ),
+        )
+        app = create_app(settings, store=store, policies=policies, clock=clock)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        bot_url = f"http://127.0.0.1:{port}"
+        say(f"bot: webhooks at {bot_url}/webhooks/{{github,gitlab}}; forges at {emulator.base_url}")
+        pipeline = ReviewPipeline(store, forges, policies)
+        dispatcher = Dispatcher(
+            store,
+            backend,
+            planner=ForgePlanner(forges),
+            settings=DispatcherSettings(
+                owner="demo", slots=8, lease_s=900.0, heartbeat_s=2.0, poll_s=0.5, maintenance_s=1.0
+            ),
+            clock=clock,
+            on_job_complete=pipeline.job_completed,
+            plan_jobs=pipeline.plan_jobs,
+        )
+        stop = asyncio.Event()
+        running = asyncio.create_task(dispatcher.run(database_url=url))
+        recovery = asyncio.create_task(pipeline.run_recovery(clock, interval_s=2.0, stop=stop))
+        try:
+            answers = await replay(emulator, bot_url, trace, clock, speed=speed)
+            say(f"webhooks answered: {dict(Counter(answers))}")
+            await drain(store, timeout_s=240.0)
+        finally:
+            dispatcher.stop()
+            stop.set()
+            await asyncio.gather(running, recovery, return_exceptions=True)
+            await runner.cleanup()
+            await forges.close()
+            await backend.close()
+        elapsed = time.monotonic() - started
+        await print_results(store, emulator, elapsed=elapsed, trace_s=clock.trace_seconds())
+    await store.close()
+    return 0
 
-        async def consume(owner: str) -> None:
-            while True:
-                leased = await store.fetch_chunk(
-                    levels=LEVELS, owner=owner, now=clock.now(), lease_s=60
-                )
-                if leased is None:
-                    return
-                taken.append((owner, leased.chunk.level))
-                outcome = await store.finish_chunk(
-                    leased.chunk.id, owner=owner, now=clock.now(), gpu_seconds=1.0, result={}
-                )
-                if outcome.job_complete:
-                    await store.finish_job(outcome.job_id, now=clock.now() + timedelta(seconds=1))
 
-        await asyncio.gather(*(consume(f"consumer-{i}") for i in range(consumers)))
-        print(f"{consumers} concurrent consumers took {len(taken)} chunks:")
-        for owner, count in sorted(Counter(owner for owner, _ in taken).items()):
-            print(f"  {owner}: {count}")
-        first = [str(level) for _, level in taken[:12]]
-        print("order of the first chunks taken (priority first):", " ".join(first))
-        done = await store.list_jobs(limit=jobs)
-        print("job states:", dict(Counter(job.state.value for job in done)))
-    finally:
-        await store.close()
+async def replay(
+    emulator: ForgeEmulator, url: str, trace: Trace, clock: ScaledClock, *, speed: float
+) -> list[str]:
+    """Send each request's webhook at its arrival time (scaled); returns the bot's answers."""
+    seen: set[tuple[str, str, int]] = set()
+    answers: list[str] = []
+    first = trace.requests[0].arrival_s if trace.requests else 0.0
+    last_report = 0.0
+    for index, request in enumerate(trace.requests, start=1):
+        delay = (request.arrival_s - first - clock.trace_seconds()) / speed
+        if delay > 0:
+            await asyncio.sleep(delay)
+        answers.append(await send_request(emulator, url, request, seen))
+        if clock.trace_seconds() - last_report >= 600 or index == len(trace.requests):
+            last_report = clock.trace_seconds()
+            say(f"  t={clock.trace_seconds():7.0f} s  sent {index}/{len(trace.requests)} webhooks")
+    return answers
+
+
+async def drain(store: QueueStore, *, timeout_s: float) -> None:
+    """Wait until no job is live any more, printing progress."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        jobs = await store.list_jobs(limit=5000)
+        states = Counter(job.state.value for job in jobs)
+        live = sum(states[s] for s in ("waiting", "queued", "running"))
+        line = " ".join(f"{name}={count}" for name, count in sorted(states.items()))
+        if line != last:
+            say(f"  jobs: {line}")
+            last = line
+        if live == 0:
+            return
+        if time.monotonic() > deadline:
+            say(f"  stopping with {live} jobs still live (the demo's time limit)")
+            return
+        await asyncio.sleep(1.0)
+
+
+async def print_results(
+    store: QueueStore, emulator: ForgeEmulator, *, elapsed: float, trace_s: float
+) -> None:
+    """Per-level waits from the database and a few posted reviews."""
+    report = await build_report(store.engine, "waits", ReportOptions())
+    say("")
+    say(f"done in {elapsed:.0f} s real ({trace_s:.0f} s of trace time). Waits by level, from")
+    say("the database (report_waits; seconds of trace time, first LLM call - webhook):")
+    say(format_table(report))
+    jobs = await store.list_jobs(limit=5000)
+    say(f"job states: {dict(Counter(job.state.value for job in jobs))}")
+    reviews = emulator.state.posted(kind="review") + emulator.state.posted(kind="note")
+    discussions = emulator.state.posted(kind="discussion")
+    inline = sum(len(r.data.get("comments", ())) for r in reviews) + len(discussions)
+    say(f"posted: {len(reviews)} reviews with {inline} inline comments on the emulated forges")
+    per_job = Counter(find_marker(record.body) for record in reviews)
+    twice = sorted(job_id for job_id, count in per_job.items() if job_id and count > 1)
+    unmarked = per_job.get(None, 0)
+    say(
+        "reviews per job: exactly one each"
+        if not twice and not unmarked
+        else f"reviews per job: more than one for jobs {twice}; {unmarked} without a marker"
+    )
+    done = [job for job in jobs if job.state == JobState.DONE]
+    shown = 0
+    for record in reviews:
+        if shown >= 3 or not (record.data.get("comments") or record.forge == "gitlab"):
+            continue
+        shown += 1
+        say("")
+        say(f"--- {record.forge} {record.repo} #{record.number} ---")
+        say((record.body or "").split("<!--")[0].strip())
+        for comment in record.data.get("comments", ())[:3]:
+            say(f"  inline {comment['path']}:{comment['line']}: {comment['body']}")
+    if not done:
+        say("no review finished: see the log above")
 
 
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """Provision an embedded database, migrate it and push a batch through the queue."""
+    """Provision an embedded PostgreSQL and run the whole bot on a slice of the morning burst."""
+    logging.getLogger("bot").setLevel(logging.WARNING)
+    requests = int(getattr(args, "requests", 200))
+    speed = float(getattr(args, "speed", 60.0))
+    llm = str(getattr(args, "llm", "simulated"))
+    if llm == "vllm-cpu":
+        requests = min(requests, 6)
+        speed = 1.0
+    say("review-bot demo: embedded PostgreSQL, forge emulator, web app + 8-slot dispatcher")
     with devdb.provision_server() as server:
 
-        async def run() -> None:
+        async def run() -> int:
             async with devdb.scratch_database(server, "review_bot_demo") as url:
-                await _queue_demo(url, jobs=40, consumers=4)
+                return await run_bot_demo(url, requests=requests, speed=speed, llm=llm)
 
-        asyncio.run(run())
-    return 0
+        return asyncio.run(run())
+
+
+__all__ = ["ScaledClock", "run_demo"]

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
@@ -117,8 +117,19 @@ class GitLabClient:
         # GitlabHttpError drops the headers; keep them per thread to read Retry-After.
         self._local.headers = dict(response.headers)
 
-    async def _call(self, action: str, operation: Callable[[gitlab.Gitlab], T]) -> T:
-        """Run a synchronous python-gitlab operation in a thread, translating and retrying."""
+    async def _call(
+        self,
+        action: str,
+        operation: Callable[[gitlab.Gitlab], T],
+        *,
+        recheck: Callable[[], Awaitable[T | None]] | None = None,
+    ) -> T:
+        """Run a synchronous python-gitlab operation in a thread, translating and retrying.
+
+        `recheck` runs before every retry: what it finds (a POST GitLab stored although its
+        answer was lost) is returned instead of posting again.
+        """
+        attempts = 0
 
         def run() -> T:
             self._local.headers = {}
@@ -132,6 +143,12 @@ class GitLabClient:
                 raise ForgeError(f"GitLab unreachable during {action}: {exc!r}") from exc
 
         async def attempt() -> T:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1 and recheck is not None:
+                found = await recheck()
+                if found is not None:
+                    return found
             return await asyncio.to_thread(run)
 
         return await retry_forge_call(attempt, sleep=self._sleep, policy=self._retry, action=action)
@@ -255,7 +272,7 @@ class GitLabClient:
                 lines=(lines or {}).get(comment.path),
             )
             try:
-                await self._create_discussion(repo, number, body, position)
+                await self._create_discussion(repo, number, body, position, file_path=comment.path)
                 posted += 1
             except ForgeError as exc:
                 if exc.status != 400:
@@ -274,7 +291,7 @@ class GitLabClient:
             summary = render_summary_only(partial, "GitLab did not accept their positions")
         else:
             summary = append_marker(review.body, review.job_id)
-        note_id = await self._create_note(repo, number, summary)
+        note_id = await self._create_note(repo, number, summary, marker=marker)
         return PostedReview(
             id=note_id,
             job_id=review.job_id,
@@ -306,7 +323,7 @@ class GitLabClient:
         )
 
     async def _create_discussion(
-        self, repo: str, number: int, body: str, position: dict[str, Any]
+        self, repo: str, number: int, body: str, position: dict[str, Any], *, file_path: str
     ) -> None:
         project = self._project(repo)
         path = f"/projects/{project}/merge_requests/{number}/discussions"
@@ -316,9 +333,20 @@ class GitLabClient:
                 path, post_data={"body": body, "position": position}, obey_rate_limit=False
             )
 
-        await self._call("create_discussion", create)
+        async def recheck() -> bool | None:
+            for note in await self._list_notes(repo, number):
+                if note.get("type") == "DiffNote" and (
+                    str(note.get("body") or ""),
+                    _note_path(note),
+                ) == (body, file_path):
+                    return True
+            return None
 
-    async def _create_note(self, repo: str, number: int, body: str) -> int:
+        await self._call("create_discussion", create, recheck=recheck)
+
+    async def _create_note(
+        self, repo: str, number: int, body: str, *, marker: str | None = None
+    ) -> int:
         project = self._project(repo)
         path = f"/projects/{project}/merge_requests/{number}/notes"
 
@@ -326,7 +354,11 @@ class GitLabClient:
             answer = gl.http_post(path, post_data={"body": body}, obey_rate_limit=False)
             return int(cast(dict[str, Any], answer)["id"])
 
-        return await self._call("create_note", create)
+        async def recheck() -> int | None:
+            found = await self.find_posted_review(repo, number, marker) if marker else None
+            return found.id if found is not None else None
+
+        return await self._call("create_note", create, recheck=recheck if marker else None)
 
     async def post_comment(self, repo: str, number: int, body: str) -> int:
         """Post a note on the MR; returns its id."""

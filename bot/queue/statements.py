@@ -33,32 +33,6 @@ UPDATE_DELIVERY_OUTCOME = _sql(
 # The job already created for this exact change (idempotent enqueue).
 SELECT_JOB_BY_DEDUPE_KEY = _sql("SELECT * FROM review_jobs WHERE dedupe_key = :dedupe_key")
 
-# Insert a new job; a concurrent twin with the same dedupe key wins and we return nothing.
-INSERT_JOB = _sql(
-    """
-    INSERT INTO review_jobs (forge, repo, number, project_id, installation_id, title, author,
-        author_is_bot, base_ref, head_ref, base_sha, head_sha, files_changed, additions,
-        deletions, total_lines, base_level, level, reasons, state, dedupe_key, enqueued_at,
-        ready_at, last_progress_at, depends_on, request)
-    VALUES (:forge, :repo, :number, :project_id, :installation_id, :title, :author,
-        :author_is_bot, :base_ref, :head_ref, :base_sha, :head_sha, :files_changed, :additions,
-        :deletions, :total_lines, :level, :level, CAST(:reasons AS jsonb), :state, :dedupe_key,
-        :now, :ready_at, :now, CAST(:depends_on AS bigint[]), CAST(:request AS jsonb))
-    ON CONFLICT (dedupe_key) DO NOTHING
-    RETURNING id
-    """
-)
-
-# Older live reviews of the same PR give way to the newer head sha.
-SUPERSEDE_OLDER_JOBS = _sql(
-    """
-    UPDATE review_jobs SET state = 'superseded', finished_at = :now, superseded_by = :job_id
-    WHERE forge = :forge AND repo = :repo AND number = :number AND id <> :job_id
-      AND state IN ('waiting', 'queued', 'running')
-    RETURNING id, state
-    """
-)
-
 # Chunks of superseded or cancelled jobs that have not started will never run.
 CANCEL_PENDING_CHUNKS = _sql(
     """
@@ -94,11 +68,13 @@ INSERT_HISTORY = _sql(
     """
 )
 
-# Jobs whose diff has not been fetched and chunked yet, oldest first, one planner each.
+# Jobs whose diff has not been fetched and chunked yet, oldest first, one planner each; a job
+# whose last planning try failed waits for its retry time (request->>'retry_at').
 CLAIM_UNPLANNED_JOBS = _sql(
     """
     SELECT * FROM review_jobs
     WHERE NOT planned AND state IN ('queued', 'waiting')
+      AND (request->>'retry_at' IS NULL OR CAST(request->>'retry_at' AS timestamptz) <= :now)
     ORDER BY level, enqueued_at, id
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -119,13 +95,15 @@ INSERT_CHUNKS = _sql(
     """
 )
 
-# Mark a job planned, with its size and (possibly re-evaluated) level.
+# Mark a job planned, with its size, what planning learned (`details`: skipped files, diff
+# shas) merged into its request, and (possibly re-evaluated) level.
 MARK_JOB_PLANNED = _sql(
     """
     UPDATE review_jobs SET planned = true, chunks_total = :chunks_total,
            total_lines = :total_lines, files_changed = COALESCE(:files_changed, files_changed),
            additions = COALESCE(:additions, additions),
            deletions = COALESCE(:deletions, deletions),
+           request = request || CAST(:details AS jsonb),
            state = CASE WHEN :chunks_total = 0 AND state = 'queued' THEN 'running' ELSE state END
     WHERE id = :job_id AND NOT planned
     RETURNING id, state
@@ -216,7 +194,8 @@ FINISH_CHUNK = _sql(
     WITH finished AS (
         UPDATE review_chunks
         SET state = 'done', finished_at = :now, gpu_seconds = :gpu_seconds,
-            result = CAST(:result AS jsonb), lease_owner = NULL, lease_expires_at = NULL
+            -- lease_owner stays: it records which worker ran the chunk (report_workers)
+            result = CAST(:result AS jsonb), lease_expires_at = NULL
         WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
         RETURNING job_id
     )
@@ -386,6 +365,8 @@ SELECT_UNPOSTED_JOBS = _sql(
     """
     SELECT * FROM review_jobs
     WHERE state = 'running' AND planned AND chunks_done >= chunks_total
+      AND (CAST(:now AS timestamptz) IS NULL OR request->>'retry_at' IS NULL
+           OR CAST(request->>'retry_at' AS timestamptz) <= :now)
     ORDER BY level, id LIMIT :limit
     """
 )
@@ -410,3 +391,85 @@ LOCK_LEASED_CHUNK = _sql(
 
 # The policy's level changes with the change itself (labels, size), not a person's say.
 SET_BASE_LEVEL = _sql("UPDATE review_jobs SET base_level = :level WHERE id = :job_id")
+
+# A planning or posting try failed with a retryable error: count it (per kind, in the request)
+# and set when the next try may start; no row when the job has ended meanwhile.
+DEFER_JOB = _sql(
+    """
+    UPDATE review_jobs
+    SET attempts = attempts + 1, last_error = :error,
+        request = request || jsonb_build_object(
+            'retry_at', CAST(:retry_at AS text),
+            CAST(:counter AS text),
+            COALESCE(CAST(request->>CAST(:counter AS text) AS integer), 0) + 1)
+    WHERE id = :job_id AND state IN ('waiting', 'queued', 'running')
+    RETURNING state, CAST(request->>CAST(:counter AS text) AS integer) AS tries
+    """
+)
+
+# Intake's common path in one statement: record the delivery (once), insert the job (once per
+# change), write its history, supersede older live reviews of the same PR with their history,
+# cancel their unstarted chunks and wake the dispatchers. The job id is drawn first so the
+# delivery can point at it. When the delivery was seen before nothing else happens; when the
+# change was seen before (`job_id` is NULL but the delivery is new), the caller re-evaluates.
+SUBMIT_NEW_JOB = _sql(
+    """
+    WITH new_job AS (
+        SELECT nextval(pg_get_serial_sequence('review_jobs', 'id')) AS id
+    ),
+    delivery AS (
+        INSERT INTO webhook_deliveries (delivery_id, forge, event, action, received_at, outcome,
+                                        job_id)
+        SELECT :delivery_id, :forge, :event, :action, :now, 'queued', new_job.id FROM new_job
+        WHERE CAST(:delivery_id AS text) IS NOT NULL
+        ON CONFLICT (delivery_id) DO NOTHING
+        RETURNING id
+    ),
+    job AS (
+        INSERT INTO review_jobs (id, forge, repo, number, project_id, installation_id, title,
+            author, author_is_bot, base_ref, head_ref, base_sha, head_sha, files_changed,
+            additions, deletions, total_lines, base_level, level, reasons, state, dedupe_key,
+            enqueued_at, ready_at, last_progress_at, depends_on, request)
+        SELECT new_job.id, :forge, :repo, :number, :project_id, :installation_id, :title,
+            :author, :author_is_bot, :base_ref, :head_ref, :base_sha, :head_sha, :files_changed,
+            :additions, :deletions, :total_lines, :level, :level, CAST(:reasons AS jsonb),
+            :state, :dedupe_key, :now, :ready_at, :now, CAST(:depends_on AS bigint[]),
+            CAST(:request AS jsonb)
+        FROM new_job
+        WHERE CAST(:delivery_id AS text) IS NULL OR EXISTS (SELECT 1 FROM delivery)
+        ON CONFLICT (dedupe_key) DO NOTHING
+        RETURNING id
+    ),
+    history AS (
+        INSERT INTO job_history (job_id, at, kind, from_value, to_value, reason, actor, detail)
+        SELECT job.id, :now, 'state', NULL, :state, :reason, :actor, CAST(:detail AS jsonb)
+        FROM job
+    ),
+    superseded AS (
+        UPDATE review_jobs old
+        SET state = 'superseded', finished_at = :now, superseded_by = job.id
+        FROM job
+        WHERE old.forge = :forge AND old.repo = :repo AND old.number = :number
+          AND old.id <> job.id AND old.state IN ('waiting', 'queued', 'running')
+        RETURNING old.id
+    ),
+    cancelled_chunks AS (
+        UPDATE review_chunks c SET state = 'cancelled', finished_at = :now
+        FROM superseded
+        WHERE c.job_id = superseded.id AND c.state IN ('queued', 'blocked')
+    ),
+    superseded_history AS (
+        INSERT INTO job_history (job_id, at, kind, from_value, to_value, reason, actor)
+        SELECT superseded.id, :now, 'state', NULL, 'superseded',
+               'superseded by job ' || job.id || ' for head ' || left(:head_sha, 12), 'intake'
+        FROM superseded, job
+    ),
+    woken AS (
+        SELECT pg_notify(:channel, 'submitted') FROM job WHERE :notify
+    )
+    SELECT EXISTS (SELECT 1 FROM delivery) AS delivery_new,
+           (SELECT id FROM job) AS job_id,
+           ARRAY(SELECT id FROM superseded) AS superseded,
+           (SELECT count(*) FROM woken) AS woken
+    """
+)

@@ -6,7 +6,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,6 +35,7 @@ from bot.queue import statements as sql
 log = logging.getLogger(__name__)
 
 QUEUE_CHANNEL = "review_bot_queue"
+COMMAND_CHANNEL = "review_bot_commands"  # wakes the command worker (bot.commands_worker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +175,13 @@ def _chunk_from_row(row: Row[Any]) -> Chunk:
     )
 
 
+REQUEST_FIELDS = tuple(item.name for item in fields(ReviewRequest))
+
+
 def request_to_json(request: ReviewRequest) -> dict[str, Any]:
     """The request as stored with its job (the poster and re-evaluation read it back)."""
-    data = asdict(request)
+    # A shallow copy: asdict() deep-copies every field, which shows up in intake profiles.
+    data = {name: getattr(request, name) for name in REQUEST_FIELDS}
     data["labels"] = list(request.labels)
     data["depends_on_refs"] = list(request.depends_on_refs)
     return data
@@ -300,6 +305,8 @@ class QueueStore:
                     },
                 )
             ).first()
+            if row is not None and outcome == "command" and self.settings.notify:
+                await conn.execute(sql.NOTIFY, {"channel": COMMAND_CHANNEL, "payload": "command"})
         return row is not None
 
     async def submit_request(
@@ -317,109 +324,115 @@ class QueueStore:
     ) -> SubmitResult:
         """Enqueue a review idempotently; a newer head sha supersedes older live reviews."""
         key = dedupe_key or dedupe_key_for(request)
+        payload = request_to_json(request)
+        if extra:
+            payload["extra"] = dict(extra)
+        params: dict[str, Any] = {
+            "delivery_id": delivery_id,
+            "event": event or request.event,
+            "action": request.action,
+            "forge": request.forge,
+            "repo": request.repo,
+            "number": request.number,
+            "project_id": request.project_id,
+            "installation_id": request.installation_id,
+            "title": request.title,
+            "author": request.author,
+            "author_is_bot": request.author_is_bot,
+            "base_ref": request.base_ref,
+            "head_ref": request.head_ref,
+            "base_sha": request.base_sha,
+            "head_sha": request.head_sha,
+            "files_changed": request.files_changed,
+            "additions": request.additions,
+            "deletions": request.deletions,
+            "total_lines": request.changed_lines or 0,
+            "level": int(decision.level),
+            "reasons": _json(list(decision.reasons)),
+            "state": JobState.QUEUED.value,
+            "dedupe_key": key,
+            "now": now,
+            "ready_at": now,
+            "depends_on": list(depends_on),
+            "request": _json(payload),
+            "reason": "; ".join(decision.reasons) or "review requested",
+            "actor": actor,
+            "detail": _json({"level": str(decision.level), "rule": decision.rule}),
+            "channel": QUEUE_CHANNEL,
+            "notify": self.settings.notify,
+        }
+        if not depends_on:
+            # The common path is one statement in autocommit: one round trip, one commit.
+            async with self._single_statement() as conn:
+                row = (await conn.execute(sql.SUBMIT_NEW_JOB, params)).one()
+            if (delivery_id is not None and not row.delivery_new) or (
+                row.job_id is not None and not row.superseded
+            ):
+                return self._submitted(row, decision, JobState.QUEUED)
+            async with self._transaction() as conn:
+                return await self._after_submit(
+                    conn, row, key, decision, [], now=now, delivery_id=delivery_id
+                )
         async with self._transaction() as conn:
-            if delivery_id is not None:
-                inserted = (
-                    await conn.execute(
-                        sql.INSERT_DELIVERY,
-                        {
-                            "delivery_id": delivery_id,
-                            "forge": request.forge,
-                            "event": event or request.event,
-                            "action": request.action,
-                            "now": now,
-                            "outcome": "queued",
-                            "detail": None,
-                            "job_id": None,
-                        },
-                    )
-                ).first()
-                if inserted is None:
-                    return SubmitResult(job_id=None, created=False, duplicate_delivery=True)
-            existing = (
-                await conn.execute(sql.SELECT_JOB_BY_DEDUPE_KEY, {"dedupe_key": key})
-            ).first()
-            if existing is not None:
-                result = await self._reevaluate(conn, _job_from_row(existing), decision, now=now)
-                if delivery_id is not None:
-                    await self._link_delivery(conn, delivery_id, "duplicate_change", result.job_id)
-                return result
             live_dependencies = (
                 await conn.execute(sql.SELECT_LIVE_DEPENDENCIES, {"ids": list(depends_on)})
             ).all()
-            state = JobState.WAITING if live_dependencies else JobState.QUEUED
-            payload = request_to_json(request)
-            if extra:
-                payload["extra"] = dict(extra)
-            row = (
-                await conn.execute(
-                    sql.INSERT_JOB,
-                    {
-                        "forge": request.forge,
-                        "repo": request.repo,
-                        "number": request.number,
-                        "project_id": request.project_id,
-                        "installation_id": request.installation_id,
-                        "title": request.title,
-                        "author": request.author,
-                        "author_is_bot": request.author_is_bot,
-                        "base_ref": request.base_ref,
-                        "head_ref": request.head_ref,
-                        "base_sha": request.base_sha,
-                        "head_sha": request.head_sha,
-                        "files_changed": request.files_changed,
-                        "additions": request.additions,
-                        "deletions": request.deletions,
-                        "total_lines": request.changed_lines or 0,
-                        "level": int(decision.level),
-                        "reasons": _json(list(decision.reasons)),
-                        "state": state.value,
-                        "dedupe_key": key,
-                        "now": now,
-                        "ready_at": None if live_dependencies else now,
-                        "depends_on": list(depends_on),
-                        "request": _json(payload),
-                    },
-                )
-            ).first()
-            if row is None:  # a concurrent twin inserted the same change first
-                twin = (await conn.execute(sql.SELECT_JOB_BY_DEDUPE_KEY, {"dedupe_key": key})).one()
-                return SubmitResult(
-                    job_id=JobId(twin.id), created=False, state=JobState(twin.state)
-                )
-            job_id = JobId(row.id)
-            await self._history(
-                conn,
-                job_id=job_id,
-                now=now,
-                kind="state",
-                from_value=None,
-                to_value=state.value,
-                reason="; ".join(decision.reasons) or "review requested",
-                actor=actor,
-                detail={"level": str(decision.level), "rule": decision.rule},
+            if live_dependencies:
+                params.update(state=JobState.WAITING.value, ready_at=None)
+            row = (await conn.execute(sql.SUBMIT_NEW_JOB, params)).one()
+            return await self._after_submit(
+                conn, row, key, decision, live_dependencies, now=now, delivery_id=delivery_id
             )
-            superseded = await self._supersede(conn, request, job_id, now=now)
-            for dependency in live_dependencies:
-                if dependency.level > decision.level:
-                    await self._change_level(
-                        conn,
-                        job_id=dependency.id,
-                        level=decision.level,
-                        now=now,
-                        reason=f"inherits {decision.level} from job {job_id}, which waits for it",
-                        actor="scheduler",
-                    )
-            if delivery_id is not None:
-                await self._link_delivery(conn, delivery_id, "queued", job_id)
-            await self._notify(conn, "submitted")
+
+    @staticmethod
+    def _submitted(row: Row[Any], decision: PolicyDecision, state: JobState) -> SubmitResult:
+        if row.job_id is None:
+            return SubmitResult(job_id=None, created=False, duplicate_delivery=True)
         return SubmitResult(
-            job_id=job_id,
+            job_id=JobId(row.job_id),
             created=True,
-            superseded=superseded,
+            superseded=tuple(JobId(i) for i in row.superseded),
             level=decision.level,
             state=state,
         )
+
+    async def _after_submit(
+        self,
+        conn: AsyncConnection,
+        row: Row[Any],
+        key: str,
+        decision: PolicyDecision,
+        live_dependencies: Sequence[Row[Any]],
+        *,
+        now: datetime,
+        delivery_id: str | None,
+    ) -> SubmitResult:
+        """The rarer consequences of a submission: re-evaluation, released and lent levels."""
+        if delivery_id is not None and not row.delivery_new:
+            return SubmitResult(job_id=None, created=False, duplicate_delivery=True)
+        if row.job_id is None:  # the same change arrived before: only its level may move
+            existing = (await conn.execute(sql.SELECT_JOB_BY_DEDUPE_KEY, {"dedupe_key": key})).one()
+            result = await self._reevaluate(conn, _job_from_row(existing), decision, now=now)
+            if delivery_id is not None:
+                await self._link_delivery(conn, delivery_id, "duplicate_change", result.job_id)
+            return result
+        if row.job_id is None:
+            return SubmitResult(job_id=None, created=False, duplicate_delivery=True)
+        job_id = JobId(row.job_id)
+        for old_id in row.superseded:
+            await conn.execute(sql.RELEASE_DEPENDENTS, {"job_id": old_id, "now": now})
+        for dependency in live_dependencies:
+            if dependency.level > decision.level:
+                await self._change_level(
+                    conn,
+                    job_id=dependency.id,
+                    level=decision.level,
+                    now=now,
+                    reason=f"inherits {decision.level} from job {job_id}, which waits for it",
+                    actor="scheduler",
+                )
+        state = JobState.WAITING if live_dependencies else JobState.QUEUED
+        return self._submitted(row, decision, state)
 
     @staticmethod
     async def _link_delivery(
@@ -455,39 +468,6 @@ class QueueStore:
             state=job.state,
         )
 
-    async def _supersede(
-        self, conn: AsyncConnection, request: ReviewRequest, job_id: JobId, *, now: datetime
-    ) -> tuple[JobId, ...]:
-        rows = (
-            await conn.execute(
-                sql.SUPERSEDE_OLDER_JOBS,
-                {
-                    "forge": request.forge,
-                    "repo": request.repo,
-                    "number": request.number,
-                    "job_id": job_id,
-                    "now": now,
-                },
-            )
-        ).all()
-        if not rows:
-            return ()
-        old_ids = [row.id for row in rows]
-        await conn.execute(sql.CANCEL_PENDING_CHUNKS, {"job_ids": old_ids, "now": now})
-        for old_id in old_ids:
-            await self._history(
-                conn,
-                job_id=old_id,
-                now=now,
-                kind="state",
-                from_value=None,
-                to_value=JobState.SUPERSEDED.value,
-                reason=f"superseded by job {job_id} for head {request.head_sha[:12]}",
-                actor="intake",
-            )
-            await conn.execute(sql.RELEASE_DEPENDENTS, {"job_id": old_id, "now": now})
-        return tuple(JobId(i) for i in old_ids)
-
     async def cancel_pull(
         self, *, forge: str, repo: str, number: int, now: datetime, reason: str, actor: str
     ) -> list[JobId]:
@@ -521,7 +501,9 @@ class QueueStore:
     async def fetch_unplanned_jobs(self, *, now: datetime, limit: int = 10) -> list[Job]:
         """Jobs still waiting for their diff to be fetched and chunked."""
         async with self._transaction() as conn:
-            rows = (await conn.execute(sql.CLAIM_UNPLANNED_JOBS, {"limit": limit})).all()
+            rows = (
+                await conn.execute(sql.CLAIM_UNPLANNED_JOBS, {"limit": limit, "now": now})
+            ).all()
         return [_job_from_row(row) for row in rows]
 
     async def plan_job(
@@ -535,8 +517,12 @@ class QueueStore:
         files_changed: int | None = None,
         additions: int | None = None,
         deletions: int | None = None,
+        details: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Store a job's chunks (once); a re-evaluated decision may move its level."""
+        """Store a job's chunks (once); a re-evaluated decision may move its level.
+
+        `details` (skipped files, the diff's shas) is merged into the job's stored request.
+        """
         ranks = [float(rank)] * len(chunks) if isinstance(rank, int | float) else list(rank)
         plans = [
             {"seq": seq, "rank": ranks[seq], "files": list(plan.files), "lines": plan.lines}
@@ -553,6 +539,7 @@ class QueueStore:
                         "files_changed": files_changed,
                         "additions": additions,
                         "deletions": deletions,
+                        "details": _json(dict(details or {})),
                     },
                 )
             ).first()
@@ -1023,10 +1010,46 @@ class QueueStore:
         rows = await self._fetch_all(sql.SELECT_CHUNKS, {"job_id": job_id})
         return [_chunk_from_row(row) for row in rows]
 
-    async def unposted_jobs(self, *, limit: int = 10) -> list[Job]:
-        """Jobs whose chunks are all done but whose review was not posted (crash recovery)."""
-        rows = await self._fetch_all(sql.SELECT_UNPOSTED_JOBS, {"limit": limit})
+    async def unposted_jobs(self, *, limit: int = 10, now: datetime | None = None) -> list[Job]:
+        """Jobs whose chunks are all done but whose review was not posted (crash recovery).
+
+        With `now`, jobs whose last posting try set a later retry time are left out.
+        """
+        rows = await self._fetch_all(sql.SELECT_UNPOSTED_JOBS, {"limit": limit, "now": now})
         return [_job_from_row(row) for row in rows]
+
+    async def defer_job(
+        self, job_id: int, *, now: datetime, retry_at: datetime, error: str, kind: str
+    ) -> int | None:
+        """Count a failed `kind` try (planning, posting) and set its retry time.
+
+        Returns how many `kind` tries failed so far, or None when the job has ended.
+        """
+        async with self._transaction() as conn:
+            row = (
+                await conn.execute(
+                    sql.DEFER_JOB,
+                    {
+                        "job_id": job_id,
+                        "error": error[:4000],
+                        "retry_at": retry_at.isoformat(),
+                        "counter": f"{kind}_attempts",
+                    },
+                )
+            ).first()
+            if row is None:
+                return None
+            await self._history(
+                conn,
+                job_id=job_id,
+                now=now,
+                kind="state",
+                from_value=row.state,
+                to_value=row.state,
+                reason=f"{kind} try {row.tries} failed, next at {retry_at.isoformat()}: {error}",
+                actor=kind,
+            )
+        return int(row.tries)
 
     async def queue_position(self, job_id: int) -> int:
         """How many queued jobs are ahead of this one."""
@@ -1035,6 +1058,7 @@ class QueueStore:
 
 
 __all__ = [
+    "COMMAND_CHANNEL",
     "QUEUE_CHANNEL",
     "ChunkOutcome",
     "HistoryEntry",

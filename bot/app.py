@@ -1,0 +1,159 @@
+"""The composition root: one aiohttp application, one `setup_*` per concern."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+from bot.clock import Clock, SystemClock
+from bot.commands_worker import setup_commands
+from bot.config import Settings
+from bot.errors import ConfigError, StoreError, StoreUnavailable, WebhookError
+from bot.forges.base import ForgeClient
+from bot.intake.app import IntakeConfig, setup_intake
+from bot.obs.alerts import setup_alerts
+from bot.obs.dashboard import setup_admin
+from bot.obs.metrics import setup_metrics
+from bot.policy import PolicyBook, load_policy_book
+from bot.queue.store import QueueStore
+
+log = logging.getLogger(__name__)
+
+SETTINGS_KEY = web.AppKey("settings", Settings)
+STORE_KEY = web.AppKey("store", QueueStore)
+POLICIES_KEY = web.AppKey("policies", PolicyBook)
+CLOCK_KEY = web.AppKey("clock", Clock)
+
+RETRY_AFTER_S = 30
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(
+    settings: Settings,
+    *,
+    store: QueueStore | None = None,
+    policies: PolicyBook | None = None,
+    clock: Clock | None = None,
+    forges: Mapping[str, ForgeClient] | None = None,
+) -> web.Application:
+    """Build the web application; raises ConfigError (missing secrets) or PolicyError."""
+    check_webhook_secrets(settings)
+    book = policies if policies is not None else load_policy_book(settings.policy_dir)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    if store is None:
+        if not settings.database_url:
+            raise ConfigError("DATABASE_URL is not set")
+        store = QueueStore.from_url(settings.database_url)
+        app.on_cleanup.append(_closer(store))
+    used_clock: Clock = clock if clock is not None else SystemClock()
+    app[SETTINGS_KEY] = settings
+    app[STORE_KEY] = store
+    app[POLICIES_KEY] = book
+    app[CLOCK_KEY] = used_clock
+    setup_intake(
+        app,
+        config=IntakeConfig(
+            store=store,
+            policies=book,
+            clock=used_clock,
+            github_secret=settings.github_webhook_secret,
+            gitlab_token=settings.gitlab_webhook_token,
+            insecure_dev=settings.insecure_dev,
+            bot_login=settings.bot_login,
+            max_body_bytes=settings.max_body_bytes,
+        ),
+    )
+    metrics = setup_metrics(app, engine=store.engine, clock=used_clock)
+    setup_admin(
+        app,
+        admin_token=settings.admin_token,
+        engine=store.engine,
+        clock=used_clock,
+        thresholds=settings.alerts.threshold_s,
+    )
+    setup_alerts(
+        app, engine=store.engine, settings=settings.alerts, clock=used_clock, metrics=metrics
+    )
+    if forges:
+        # Slash commands run off the webhook path, in a worker started with the app.
+        setup_commands(app, store=store, forges=forges, policies=book, clock=used_clock)
+    return app
+
+
+def check_webhook_secrets(settings: Settings) -> None:
+    """Refuse to run without webhook secrets unless in insecure development mode."""
+    missing = [
+        name
+        for name, value in (
+            ("GITHUB_WEBHOOK_SECRET", settings.github_webhook_secret),
+            ("GITLAB_WEBHOOK_TOKEN", settings.gitlab_webhook_token),
+        )
+        if not value
+    ]
+    if not missing:
+        return
+    if settings.insecure_dev:
+        log.warning(
+            "INSECURE DEVELOPMENT MODE: %s unset, unsigned webhooks are ACCEPTED; never run "
+            "this way where the network is not yours",
+            " and ".join(missing),
+            extra={"action": "insecure_dev"},
+        )
+        return
+    if len(missing) == 2:
+        raise ConfigError(
+            "set GITHUB_WEBHOOK_SECRET and/or GITLAB_WEBHOOK_TOKEN (or REVIEW_BOT_INSECURE_DEV=1 "
+            "for local development only): refusing to accept unsigned webhooks"
+        )
+    log.warning(
+        "%s unset: that forge's webhooks are refused with 401",
+        missing[0],
+        extra={"action": "forge_disabled"},
+    )
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer refusals with their status, outages with 503; an unexpected error is never a 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except WebhookError as exc:
+        log.info(
+            "refused %s %s: %s (%s)",
+            request.method,
+            request.path,
+            exc,
+            exc.status,
+            extra={"action": "webhook_refused"},
+        )
+        return web.json_response({"status": "rejected", "reason": str(exc)}, status=exc.status)
+    except StoreUnavailable as exc:
+        log.warning("database unavailable: %s", exc, extra={"action": "store_unavailable"})
+        return _unavailable("database unavailable, retry later")
+    except StoreError as exc:
+        log.error("store error on %s: %s", request.path, exc, extra={"action": "store_error"})
+        return _unavailable("store error, retry later")
+    except Exception:
+        # A bug must not make the forge drop the delivery: ask it to retry, and log loudly.
+        log.exception("unexpected error on %s", request.path, extra={"action": "unexpected"})
+        return _unavailable("unexpected error, logged; retry later")
+
+
+def _unavailable(reason: str) -> web.Response:
+    return web.json_response(
+        {"status": "unavailable", "reason": reason},
+        status=503,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def _closer(store: QueueStore) -> Callable[[web.Application], Awaitable[None]]:
+    async def close_store(app: web.Application) -> None:
+        await store.close()
+
+    return close_store

@@ -1,0 +1,636 @@
+"""The command worker: claims recorded slash commands, checks who asks, applies them, replies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+
+from bot.clock import Clock
+from bot.errors import ForgeError, StoreError
+from bot.forges.base import ForgeClient, Permission, Reaction
+from bot.model import TERMINAL_JOB_STATES, Command, Forge, Job, ReviewRequest
+from bot.policy import PolicyBook, evaluate
+from bot.queue.commands_sql import (
+    DONE_OUTCOME,
+    FAILED_OUTCOME,
+    ClaimedDelivery,
+    CommandInbox,
+)
+from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for
+from bot.slash import (
+    CommandDecision,
+    SlashRules,
+    Standing,
+    decide,
+    estimate_start_s,
+    render_reply,
+)
+
+log = logging.getLogger(__name__)
+
+# The parser turns `/review priority p0` into an error text; the worker makes it a command again
+# so the refusal names this repository's P0 triggers and lands in the job history.
+_P0_ERROR = re.compile(r"Line \d+: P0 cannot be set by a command")
+_UNSAFE_ERROR_TEXT = re.compile(r"[\x00-\x1f\x7f\u2028\u2029<>@]")
+_NEEDS_PERMISSION = frozenset({"priority", "cancel", "review"})
+MAX_ERROR_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class CommandWorkerSettings:
+    """Knobs of the command worker."""
+
+    owner: str = "commands"
+    poll_s: float = 2.0  # fallback when NOTIFY is not heard
+    batch: int = 10
+    lease_s: float = 120.0  # a claim older than this (its worker died) is taken over
+    max_age_s: float = 6 * 3600.0  # commands older than this are not executed any more
+    max_attempts: int = 3
+    permission_ttl_s: float = 60.0
+    workers: int = 8  # LLM worker slots, for the estimated start
+    typical_job_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What one command (or malformed line) of a delivery did."""
+
+    index: int
+    verb: str
+    outcome: str
+    action: str
+    job_id: int | None
+    reply: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryReport:
+    """What the worker did with one claimed delivery."""
+
+    delivery_id: str
+    outcome: str
+    results: tuple[CommandResult, ...] = ()
+    reply_id: int | None = None
+
+
+@dataclass(slots=True)
+class PermissionCache:
+    """Forge permissions remembered briefly: many commands, one API call."""
+
+    ttl_s: float
+    entries: dict[tuple[str, str, str], tuple[Permission, datetime]] = field(default_factory=dict)
+
+    def get(self, key: tuple[str, str, str], *, now: datetime) -> Permission | None:
+        entry = self.entries.get(key)
+        if entry is None or entry[1] <= now:
+            return None
+        return entry[0]
+
+    def put(self, key: tuple[str, str, str], permission: Permission, *, now: datetime) -> None:
+        self.entries[key] = (permission, now + timedelta(seconds=self.ttl_s))
+
+
+class CommandWorker:
+    """Executes recorded command deliveries once each, off the webhook's hot path."""
+
+    def __init__(
+        self,
+        store: QueueStore,
+        *,
+        forges: Mapping[str, ForgeClient],
+        policies: PolicyBook,
+        clock: Clock,
+        settings: CommandWorkerSettings | None = None,
+    ) -> None:
+        self.store = store
+        self.inbox = CommandInbox(store)
+        self.forges = forges
+        self.policies = policies
+        self.clock = clock
+        self.settings = settings or CommandWorkerSettings()
+        self.permissions = PermissionCache(ttl_s=self.settings.permission_ttl_s)
+        self.executed = 0
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    # -- loop ------------------------------------------------------------------------------
+
+    async def run_once(self) -> list[DeliveryReport]:
+        """Claim a batch of pending deliveries and execute each; returns what was done."""
+        now = self.clock.now()
+        claimed = await self.inbox.claim_pending_commands(
+            owner=self.settings.owner,
+            now=now,
+            limit=self.settings.batch,
+            lease_s=self.settings.lease_s,
+            max_age_s=self.settings.max_age_s,
+        )
+        reports = []
+        for delivery in claimed:
+            report = await self.execute(delivery)
+            if report is not None:
+                reports.append(report)
+        return reports
+
+    async def run(self, *, database_url: str | None = None) -> None:
+        """Serve until stop(): wake on NOTIFY (or the poll), execute what is pending."""
+        listener = await self._listen(database_url)
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                try:
+                    reports = await self.run_once()
+                except StoreError as exc:
+                    log.warning(
+                        "command worker cannot reach the store: %s",
+                        exc,
+                        extra={"action": "commands_store_error"},
+                    )
+                    reports = []
+                if len(reports) >= self.settings.batch:
+                    continue  # more may be waiting
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_s)
+        finally:
+            if listener is not None:
+                await listener.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _listen(self, database_url: str | None) -> Any:
+        """LISTEN on the command channel through its own asyncpg connection, if possible."""
+        if database_url is None:
+            return None
+        import asyncpg
+
+        from bot.db import plain_url
+
+        try:
+            connection = await asyncpg.connect(plain_url(database_url))
+            await connection.add_listener(COMMAND_CHANNEL, lambda *_: self._wake.set())
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning(
+                "LISTEN unavailable, polling every %ss: %s",
+                self.settings.poll_s,
+                exc,
+                extra={"action": "commands_listen_failed"},
+            )
+            return None
+        return connection
+
+    # -- one delivery ----------------------------------------------------------------------
+
+    async def execute(self, delivery: ClaimedDelivery) -> DeliveryReport | None:
+        """Run every command of one delivery, reply once, mark it done; None if taken over."""
+        extra = {"action": "command_delivery", "delivery_id": delivery.delivery_id}
+        if delivery.attempts > self.settings.max_attempts:
+            log.error("command delivery %s failed %d times", delivery.delivery_id,
+                      delivery.attempts - 1, extra=extra)  # fmt: skip
+            return await self._finish(delivery, FAILED_OUTCOME, {"error": "out of attempts"}, ())
+        try:
+            return await self._execute(delivery)
+        except StoreError:
+            raise  # the claim stays; it is taken over after the lease, skipping what ran
+        except Exception as exc:
+            # A bug in one delivery must not stop the others; it is kept with its error.
+            log.exception("command delivery %s failed", delivery.delivery_id, extra=extra)
+            return await self._finish(delivery, FAILED_OUTCOME, {"error": repr(exc)[:500]}, ())
+
+    async def _execute(self, delivery: ClaimedDelivery) -> DeliveryReport | None:
+        detail = delivery.detail
+        forge: Forge = "gitlab" if detail.get("forge") == "gitlab" else "github"
+        repo = str(detail.get("repo") or "")
+        number = int(detail.get("number") or 0)
+        author = str(detail.get("author") or "")
+        comment_id = int(detail.get("comment_id") or 0)
+        client = self.forges.get(forge)
+        if client is not None:
+            await self._react(client, repo, comment_id, "eyes", number=number)
+        commands, errors = commands_of(delivery, forge=forge)
+        done = await self.inbox.executed_commands(delivery) if delivery.attempts > 1 else set()
+        policy = self.policies.policy_for(repo)
+        rules = SlashRules.from_policy(policy)
+        permission: Permission | None = None
+        if client is not None and any(c.verb in _NEEDS_PERMISSION for c in commands):
+            permission = await self._permission(client, forge, repo, author)
+        now = self.clock.now()
+        raises_today = await self.inbox.count_raises_today(forge=forge, actor=author, now=now)
+        results: list[CommandResult] = []
+        touched: int | None = None
+        for index, command in enumerate(commands):
+            if index in done:
+                continue
+            now = self.clock.now()
+            job = await self.store.find_job(forge=forge, repo=repo, number=number)
+            standing = await self._standing(job) if command.verb == "status" else None
+            decision = decide(
+                command,
+                job=job,
+                actor_permission=permission,
+                actor_is_author=job is not None and job.author.lower() == author.lower(),
+                raises_today=raises_today,
+                rules=rules,
+                now=now,
+                standing=standing,
+            )
+            decision, job_id = await self._apply(decision, command, job, now=now)
+            if decision.is_raise and decision.outcome == "accepted":
+                raises_today += 1
+            target = job.id if job is not None else job_id
+            if target is not None:
+                touched = target
+                await self.store.record_command(
+                    target,
+                    now=now,
+                    actor=author,
+                    command=decision.history_reason,
+                    outcome=decision.outcome,
+                    detail=_history_detail(
+                        delivery, command, decision, index=index, job=job, permission=permission
+                    )
+                    | {"new_job_id": job_id if job_id != target else None},
+                )
+            results.append(
+                CommandResult(
+                    index, command.verb, decision.outcome, decision.action, target,
+                    decision.reply_text,
+                )
+            )  # fmt: skip
+        job = await self.store.find_job(forge=forge, repo=repo, number=number)
+        for offset, error in enumerate(errors, start=len(commands)):
+            if offset in done:
+                continue
+            text = clean_error(error)
+            if job is not None:
+                await self.store.record_command(
+                    job.id,
+                    now=self.clock.now(),
+                    actor=author,
+                    command=f"malformed command: {text}",
+                    outcome="refused",
+                    detail={"forge": forge, "verb": "invalid", "delivery_id":
+                            delivery.delivery_id, "index": offset, "comment_id": comment_id},
+                )  # fmt: skip
+            results.append(
+                CommandResult(offset, "invalid", "refused", "refuse", job.id if job else None, text)
+            )
+        reply_id = None
+        if client is not None and results:
+            reply_id = await self._reply(client, forge, repo, number, author, results)
+            await self._react(client, repo, comment_id, _final_reaction(results), number=number)
+        self.executed += len(results)
+        summary = [
+            {"index": r.index, "verb": r.verb, "outcome": r.outcome, "job_id": r.job_id}
+            for r in results
+        ]
+        report = await self._finish(
+            delivery, DONE_OUTCOME, {"results": summary, "reply_id": reply_id}, results,
+            job_id=touched,
+        )  # fmt: skip
+        if report is not None:
+            report = DeliveryReport(report.delivery_id, report.outcome, report.results, reply_id)
+        return report
+
+    async def _finish(
+        self,
+        delivery: ClaimedDelivery,
+        outcome: str,
+        result: Mapping[str, Any],
+        results: Sequence[CommandResult],
+        *,
+        job_id: int | None = None,
+    ) -> DeliveryReport | None:
+        marked = await self.inbox.mark_command_done(
+            delivery, owner=self.settings.owner, outcome=outcome, result=result, job_id=job_id
+        )
+        if not marked:
+            log.warning(
+                "command delivery %s was taken over by another worker",
+                delivery.delivery_id,
+                extra={"action": "command_taken_over", "delivery_id": delivery.delivery_id},
+            )
+            return None
+        log.info(
+            "command delivery %s: %s (%d commands)",
+            delivery.delivery_id,
+            outcome,
+            len(results),
+            extra={"action": "command_done", "delivery_id": delivery.delivery_id,
+                   "job_id": job_id},
+        )  # fmt: skip
+        return DeliveryReport(delivery.delivery_id, outcome, tuple(results))
+
+    async def _apply(
+        self, decision: CommandDecision, command: Command, job: Job | None, *, now: datetime
+    ) -> tuple[CommandDecision, int | None]:
+        """Carry out an accepted decision; returns it (adjusted if the job moved on) and a job."""
+        if decision.action == "set_level" and job is not None and decision.level is not None:
+            changed = await self.store.set_level(
+                job.id,
+                decision.level,
+                now=now,
+                reason=decision.history_reason,
+                actor=command.author,
+                detail={"command": command.raw, "delivery_id": command.delivery_id},
+            )
+            if not changed:
+                return _unchanged(decision, "the review ended or moved meanwhile"), job.id
+            return decision, job.id
+        if decision.action == "cancel" and job is not None:
+            cancelled = await self.store.cancel_pull(
+                forge=command.forge,
+                repo=command.repo,
+                number=command.number,
+                now=now,
+                reason=decision.history_reason,
+                actor=command.author,
+            )
+            if not cancelled:
+                return _unchanged(decision, "the review ended meanwhile"), job.id
+            return decision, job.id
+        if decision.action == "requeue" and job is not None:
+            return await self._requeue(decision, command, job, now=now)
+        return decision, job.id if job is not None else None
+
+    async def _requeue(
+        self, decision: CommandDecision, command: Command, job: Job, *, now: datetime
+    ) -> tuple[CommandDecision, int | None]:
+        """Queue a new review of the newest known commit, leveled by the policy."""
+        request = request_of(job)
+        if request is None:
+            return _unchanged(decision, "the stored request of this PR is incomplete"), job.id
+        result_decision = evaluate(self.policies.policy_for(job.repo), request)
+        if not result_decision.review:
+            reason = "; ".join(result_decision.reasons)
+            refused = CommandDecision(
+                "refuse",
+                None,
+                f"Refused `/review`: the policy does not review this PR now ({reason}).",
+                f"{command.raw}: policy skips it: {reason}",
+                outcome="refused",
+            )
+            return refused, job.id
+        # One new job per command comment: a replay of the same comment finds it again.
+        key = f"{dedupe_key_for(request)}!command:{command.forge}:{command.comment_id}"
+        submitted = await self.store.submit_request(
+            request,
+            result_decision,
+            now=now,
+            dedupe_key=key,
+            actor=command.author,
+            extra={"requested_by": command.author, "command_comment_id": command.comment_id},
+        )
+        level = submitted.level if submitted.level is not None else result_decision.level
+        text = (
+            f"Queued a new review of the newest commit `{request.head_sha[:12]}` at {level} "
+            f"(job {submitted.job_id}; the last one ended {job.state.value})."
+        )
+        return (
+            CommandDecision("requeue", level, text, decision.history_reason + f" as job "
+                            f"{submitted.job_id} at {level}"),
+            submitted.job_id,
+        )  # fmt: skip
+
+    async def _standing(self, job: Job | None) -> Standing | None:
+        if job is None:
+            return None
+        ahead = None
+        estimate = None
+        if job.planned and job.state not in TERMINAL_JOB_STATES:
+            ahead = await self.store.queue_position(job.id)
+            estimate = estimate_start_s(
+                ahead, workers=self.settings.workers, typical_job_s=self.settings.typical_job_s
+            )
+        level_reason = None
+        if job.level != job.base_level:
+            history = await self.store.job_history(job.id)
+            changes = [entry for entry in history if entry.kind == "level"]
+            if changes:
+                last = changes[-1]
+                level_reason = (
+                    f"{last.from_value} -> {last.to_value} by {last.actor}: {last.reason}"
+                )
+        return Standing(ahead=ahead, estimated_start_s=estimate, level_reason=level_reason)
+
+    async def _permission(
+        self, client: ForgeClient, forge: str, repo: str, user: str
+    ) -> Permission | None:
+        """The user's role on the repository, cached briefly; None if the forge cannot say."""
+        key = (forge, repo, user.lower())
+        now = self.clock.now()
+        cached = self.permissions.get(key, now=now)
+        if cached is not None:
+            return cached
+        try:
+            permission = await client.get_permission(repo, user)
+        except ForgeError as exc:
+            log.warning(
+                "permission of %s on %s unknown: %s",
+                user,
+                repo,
+                exc,
+                extra={"action": "permission_unknown", "forge": forge},
+            )
+            return None
+        self.permissions.put(key, permission, now=now)
+        return permission
+
+    async def _react(
+        self, client: ForgeClient, repo: str, comment_id: int, reaction: Reaction, *, number: int
+    ) -> None:
+        if not comment_id:
+            return
+        try:
+            await client.add_reaction(repo, comment_id, reaction, number=number)
+        except ForgeError as exc:
+            log.warning(
+                "reaction %s on comment %s failed: %s",
+                reaction,
+                comment_id,
+                exc,
+                extra={"action": "reaction_failed"},
+            )
+
+    async def _reply(
+        self,
+        client: ForgeClient,
+        forge: str,
+        repo: str,
+        number: int,
+        author: str,
+        results: Sequence[CommandResult],
+    ) -> int | None:
+        body = render_reply([result.reply for result in results], author=author)
+        try:
+            return await client.post_comment(repo, number, body)
+        except ForgeError as exc:
+            # Commands already took effect and are in the history; a lost reply is not retried.
+            log.warning(
+                "reply on %s#%s failed: %s",
+                repo,
+                number,
+                exc,
+                extra={"action": "command_reply_failed", "forge": forge},
+            )
+            return None
+
+
+def commands_of(delivery: ClaimedDelivery, *, forge: Forge) -> tuple[list[Command], list[str]]:
+    """The delivery's commands (P0 errors made commands again) and its other parse errors."""
+    detail = delivery.detail
+    common: dict[str, Any] = {
+        "forge": forge,
+        "repo": str(detail.get("repo") or ""),
+        "number": int(detail.get("number") or 0),
+        "author": str(detail.get("author") or ""),
+        "comment_id": int(detail.get("comment_id") or 0),
+        "project_id": detail.get("project_id"),
+        "installation_id": detail.get("installation_id"),
+        "delivery_id": delivery.delivery_id,
+    }
+    commands = [
+        Command(
+            verb=str(item.get("verb") or ""),
+            argument=item.get("argument"),
+            raw=str(item.get("raw") or ""),
+            **common,
+        )
+        for item in detail.get("commands") or ()
+        if isinstance(item, Mapping)
+    ]
+    errors: list[str] = []
+    for error in detail.get("errors") or ():
+        if _P0_ERROR.match(str(error)):
+            commands.append(
+                Command(verb="priority", argument="P0", raw="/review priority p0", **common)
+            )
+        else:
+            errors.append(str(error))
+    return commands, errors
+
+
+def request_of(job: Job) -> ReviewRequest | None:
+    """The job's stored request, as a ReviewRequest (None when fields are missing)."""
+    stored = dict(job.request)
+    known = {name: stored[name] for name in ReviewRequest.__dataclass_fields__ if name in stored}
+    known["labels"] = tuple(known.get("labels") or ())
+    known["depends_on_refs"] = tuple(known.get("depends_on_refs") or ())
+    known["delivery_id"] = None
+    try:
+        return ReviewRequest(**known)
+    except TypeError:
+        return None
+
+
+def clean_error(error: str) -> str:
+    """A parser error as safe reply text: no HTML, no mentions, no control characters."""
+    replacements = {"<": "‹", ">": "›", "@": "@\u200b"}
+    cleaned = _UNSAFE_ERROR_TEXT.sub(lambda match: replacements.get(match.group(), " "), error)
+    if len(cleaned) > MAX_ERROR_CHARS:
+        cleaned = cleaned[: MAX_ERROR_CHARS - 3] + "..."
+    return "Refused: " + cleaned
+
+
+def _unchanged(decision: CommandDecision, why: str) -> CommandDecision:
+    return CommandDecision(
+        "status",
+        decision.level,
+        f"Nothing changed: {why}.",
+        f"{decision.history_reason} (not applied: {why})",
+        outcome="unchanged",
+    )
+
+
+def _history_detail(
+    delivery: ClaimedDelivery,
+    command: Command,
+    decision: CommandDecision,
+    *,
+    index: int,
+    job: Job | None,
+    permission: Permission | None,
+) -> dict[str, Any]:
+    from_level = str(job.level) if job is not None else None
+    return {
+        "forge": command.forge,
+        "verb": command.verb,
+        "argument": command.argument,
+        "raw": command.raw,
+        "action": decision.action,
+        "from_level": from_level,
+        "to_level": str(decision.level) if decision.level is not None else None,
+        "raise": decision.is_raise,
+        "permission": permission,
+        "delivery_id": delivery.delivery_id,
+        "comment_id": command.comment_id,
+        "index": index,
+    }
+
+
+def _final_reaction(results: Sequence[CommandResult]) -> Reaction:
+    outcomes = {result.outcome for result in results}
+    if all(result.verb == "invalid" for result in results):
+        return "confused"
+    if "refused" in outcomes:
+        return "-1"
+    return "+1"
+
+
+# -- composition -------------------------------------------------------------------------------
+
+COMMAND_WORKER_KEY = web.AppKey("command_worker", CommandWorker)
+
+
+def setup_commands(
+    app: web.Application,
+    *,
+    store: QueueStore,
+    forges: Mapping[str, ForgeClient],
+    policies: PolicyBook,
+    clock: Clock,
+    settings: CommandWorkerSettings | None = None,
+    database_url: str | None = None,
+) -> CommandWorker:
+    """Start the command worker with the app (a cleanup_ctx), stop it with the app."""
+    worker = CommandWorker(store, forges=forges, policies=policies, clock=clock, settings=settings)
+    app[COMMAND_WORKER_KEY] = worker
+    url = database_url
+    if url is None:
+        url = store.engine.url.render_as_string(hide_password=False)
+
+    async def command_worker_context(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(worker.run(database_url=url), name="command-worker")
+        yield
+        worker.stop()
+        try:
+            await asyncio.wait_for(task, timeout=10.0)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app.cleanup_ctx.append(command_worker_context)
+    return worker
+
+
+__all__ = [
+    "COMMAND_WORKER_KEY",
+    "CommandResult",
+    "CommandWorker",
+    "CommandWorkerSettings",
+    "DeliveryReport",
+    "setup_commands",
+]

@@ -1,0 +1,126 @@
+"""Forge clients built once from Settings, keyed by forge name, closed together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from bot.config import Settings
+from bot.errors import ConfigError
+from bot.forges.base import Clock, ForgeClient, RetryPolicy, Sleep, utc_now
+from bot.forges.github import GitHubClient
+from bot.forges.gitlab import GitLabClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ForgeOptions:
+    """Client knobs the settings do not carry (tests and the demo tune them)."""
+
+    retry: RetryPolicy | None = None
+    post_interval_s: float = 1.0  # GitHub's secondary limit: about one content POST a second
+    timeout_s: float = 30.0
+    requester: str = "review-bot"
+
+
+class ForgeRegistry(Mapping[str, ForgeClient]):
+    """The configured forge clients by name ("github", "gitlab"); owns their HTTP session."""
+
+    def __init__(
+        self,
+        clients: Mapping[str, ForgeClient],
+        *,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self._clients = dict(clients)
+        self._session = session
+
+    def __getitem__(self, name: str) -> ForgeClient:
+        return self._clients[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._clients)
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    async def close(self) -> None:
+        """Close the session the registry opened."""
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+    async def __aenter__(self) -> ForgeRegistry:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+def github_configured(settings: Settings) -> bool:
+    """A token, or an App id with its private key."""
+    return bool(settings.github_token or (settings.github_app_id and settings.github_private_key))
+
+
+def build_forges(
+    settings: Settings,
+    *,
+    session: aiohttp.ClientSession | None = None,
+    clock: Clock = utc_now,
+    sleep: Sleep = asyncio.sleep,
+    options: ForgeOptions | None = None,
+) -> ForgeRegistry:
+    """Clients for every forge the settings configure; raises ConfigError on half an App.
+
+    GitHub: GITHUB_TOKEN, or GITHUB_APP_ID + GITHUB_PRIVATE_KEY (installation tokens per
+    repository), at GITHUB_API_URL. GitLab: GITLAB_TOKEN at GITLAB_URL. A forge without
+    credentials is left out; its jobs fail with a message naming what to set. Call inside a
+    running event loop (the GitHub client's aiohttp session needs one).
+    """
+    options = options or ForgeOptions()
+    if bool(settings.github_app_id) != bool(settings.github_private_key) and not (
+        settings.github_token
+    ):
+        raise ConfigError("a GitHub App needs both GITHUB_APP_ID and GITHUB_PRIVATE_KEY")
+    clients: dict[str, ForgeClient] = {}
+    own_session: aiohttp.ClientSession | None = None
+    if github_configured(settings):
+        if session is None:
+            own_session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=options.timeout_s)
+            )
+        clients["github"] = GitHubClient(
+            session or own_session,  # type: ignore[arg-type]
+            base_url=settings.github_api_url,
+            token=settings.github_token,
+            app_id=None if settings.github_token else settings.github_app_id,
+            private_key=None if settings.github_token else settings.github_private_key,
+            requester=options.requester,
+            clock=clock,
+            sleep=sleep,
+            retry=options.retry,
+            post_interval_s=options.post_interval_s,
+        )
+    if settings.gitlab_token:
+        clients["gitlab"] = GitLabClient(
+            url=settings.gitlab_url,
+            token=settings.gitlab_token,
+            clock=clock,
+            sleep=sleep,
+            retry=options.retry,
+            timeout_s=options.timeout_s,
+        )
+    if not clients:
+        log.warning(
+            "no forge credentials: set GITHUB_TOKEN (or GITHUB_APP_ID and GITHUB_PRIVATE_KEY) "
+            "and/or GITLAB_TOKEN; reviews cannot be fetched or posted",
+            extra={"action": "forges_missing"},
+        )
+    return ForgeRegistry(clients, session=own_session)
+
+
+__all__ = ["ForgeOptions", "ForgeRegistry", "build_forges", "github_configured"]

@@ -1,0 +1,1 @@
+"""Webhook intake: verify, normalize and enqueue forge deliveries."""

@@ -1,0 +1,43 @@
+"""The one interface every LLM backend speaks: a chat request in, text plus usage out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class LLMRequest:
+    """One chat completion: messages, limits, the job's level as priority, and context."""
+
+    messages: Sequence[Mapping[str, str]]
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    priority: int | None = None  # the job's level 0-3; lower is served sooner
+    # job_id, chunk_id, lines, total_lines; service_s for the simulated backend only
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    # JSON schema of the answer, for servers that constrain decoding to it (optional).
+    response_schema: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResponse:
+    """The model's text with its token usage, latency and GPU seconds."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    gpu_seconds: float  # measured wall seconds for real backends, charged ones when simulated
+    worker: str
+    finish_reason: str | None = None
+
+
+@runtime_checkable
+class LLMBackend(Protocol):
+    """A chat completion backend; raises bot.errors.LLMError when a call fails for good."""
+
+    async def complete(self, request: LLMRequest) -> LLMResponse: ...
+
+    async def close(self) -> None: ...

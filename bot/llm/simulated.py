@@ -1,0 +1,175 @@
+"""A backend that charges the trace cost model and answers with deterministic findings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from bot.errors import LLMError
+from bot.llm.base import LLMRequest, LLMResponse
+from bot.review.diff import changed_lines, parse_files
+from bot.review.prompts import extract_files
+
+DEFAULT_OVERHEAD_S = 3.0
+DEFAULT_SECONDS_PER_LINE = 0.15
+
+# (pattern on an added line, severity, comment): cheap, deterministic stand-ins for a model.
+RULES: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (re.compile(r"\beval\(|\bexec\("), "critical", "Evaluating dynamic code is unsafe; parse it."),
+    (
+        re.compile(r"(password|secret|token|api_key)\s*=\s*['\"][^'\"]+['\"]", re.I),
+        "critical",
+        "A credential looks hard-coded; read it from configuration or a secret store.",
+    ),
+    (
+        re.compile(r"except\s*:|except\s+Exception\s*:\s*pass"),
+        "major",
+        "This swallows every error; catch the specific exception and handle or re-raise it.",
+    ),
+    (
+        re.compile(r"\bshell\s*=\s*True"),
+        "major",
+        "shell=True with interpolated input allows command injection; pass an argument list.",
+    ),
+    (
+        re.compile(r"\b(TODO|FIXME|XXX)\b"),
+        "minor",
+        "A TODO is left in the change; track it in an issue or finish it here.",
+    ),
+    (
+        re.compile(r"\bprint\(|console\.log\("),
+        "info",
+        "Debug output left in; use the logger or remove it.",
+    ),
+    (
+        re.compile(r"\bsleep\("),
+        "minor",
+        "A fixed sleep makes this slow and flaky; wait on a condition.",
+    ),
+)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def stable_fraction(*parts: object) -> float:
+    """A deterministic number in [0, 1) from the parts."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+class SimulatedBackend:
+    """Charges `overhead_s + f * (service_s - overhead_s)` GPU seconds a call; never sleeps."""
+
+    def __init__(
+        self,
+        *,
+        overhead_s: float = DEFAULT_OVERHEAD_S,
+        seconds_per_line: float = DEFAULT_SECONDS_PER_LINE,
+        sleep: Sleep | None = None,
+        time_scale: float = 1.0,
+        malformed_rate: float = 0.0,
+        max_findings_per_file: int = 3,
+        worker: str = "simulated",
+    ) -> None:
+        if overhead_s < 0 or seconds_per_line < 0 or time_scale < 0:
+            raise ValueError("overhead_s, seconds_per_line and time_scale must be >= 0")
+        if not 0.0 <= malformed_rate <= 1.0:
+            raise ValueError("malformed_rate must be within [0, 1]")
+        self.overhead_s = overhead_s
+        self.seconds_per_line = seconds_per_line
+        self.sleep = sleep
+        self.time_scale = time_scale
+        self.malformed_rate = malformed_rate
+        self.max_findings_per_file = max_findings_per_file
+        self.worker = worker
+        self.calls = 0
+        self.gpu_seconds = 0.0
+        self.closed = False
+
+    def charge(self, metadata: Mapping[str, Any], prompt_lines: int) -> float:
+        """GPU seconds of one call under the trace cost model."""
+        lines = float(metadata.get("lines", prompt_lines) or 0)
+        total = float(metadata.get("total_lines", lines) or lines)
+        share = min(1.0, lines / total) if total > 0 else 1.0
+        service = metadata.get("service_s")
+        if service is None:
+            service_s = self.overhead_s + self.seconds_per_line * total
+        else:
+            service_s = max(float(service), self.overhead_s)
+        return self.overhead_s + share * (service_s - self.overhead_s)
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        """Answer deterministically from the diff in the prompt; raises LLMError once closed."""
+        if self.closed:
+            raise LLMError("simulated backend is closed", retryable=False)
+        user = next(
+            (m.get("content", "") for m in reversed(request.messages) if m.get("role") == "user"),
+            "",
+        )
+        files = parse_files(
+            {"path": f.path, "patch": f.patch, "additions": f.additions, "deletions": f.deletions}
+            for f in extract_files(user)
+        )
+        prompt_lines = sum(file.additions + file.deletions for file in files)
+        metadata = request.metadata
+        gpu_seconds = self.charge(metadata, prompt_lines)
+        self.calls += 1
+        self.gpu_seconds += gpu_seconds
+        attempt = metadata.get("attempt", 1)
+        malformed = self.malformed_rate > 0 and (
+            stable_fraction(metadata.get("job_id"), metadata.get("chunk_id"), attempt)
+            < self.malformed_rate
+        )
+        if malformed:
+            text = "Sure! Here are my thoughts on this change: looks mostly fine."
+        else:
+            text = json.dumps(self.review(files), ensure_ascii=False)
+        if self.sleep is not None and self.time_scale > 0:
+            await self.sleep(gpu_seconds * self.time_scale)
+        prompt_chars = sum(len(m.get("content", "")) for m in request.messages)
+        return LLMResponse(
+            text=text,
+            prompt_tokens=max(1, prompt_chars // 4),
+            completion_tokens=max(1, len(text) // 4),
+            latency_s=gpu_seconds * self.time_scale if self.sleep is not None else gpu_seconds,
+            gpu_seconds=gpu_seconds,
+            worker=self.worker,
+            finish_reason="stop",
+        )
+
+    def review(self, files: Any) -> dict[str, Any]:
+        """Findings on real added lines that match the rules, plus a summary."""
+        findings: list[dict[str, Any]] = []
+        additions = deletions = 0
+        for file in files:
+            additions += file.additions
+            deletions += file.deletions
+            found = 0
+            for side, line, text in changed_lines(file):
+                if side != "RIGHT" or found >= self.max_findings_per_file:
+                    continue
+                for pattern, severity, body in RULES:
+                    if pattern.search(text):
+                        findings.append(
+                            {
+                                "path": file.path,
+                                "line": line,
+                                "side": side,
+                                "severity": severity,
+                                "body": body,
+                            }
+                        )
+                        found += 1
+                        break
+        count = len(files)
+        summary = (
+            f"Checked {count} file{'s' if count != 1 else ''} (+{additions}/-{deletions}); "
+            f"{len(findings) or 'no'} issue{'s' if len(findings) != 1 else ''} found."
+        )
+        return {"findings": findings, "summary": summary}
+
+    async def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,511 @@
+"""`GET /admin`: a server-rendered page of the queue, its waits and recent alerts.
+
+Charts are inline SVG and the page loads nothing else (its CSP forbids it), so it needs no
+network at view time. Access needs the admin token: `Authorization: Bearer TOKEN`, or
+`/admin?token=TOKEN` once, which sets an HttpOnly cookie and redirects to a URL without it.
+With no admin token configured, /admin does not exist (404).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import html
+import itertools
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bot.clock import Clock, SystemClock
+from bot.model import LEVELS, Level
+from bot.obs import statements as sql
+from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
+from bot.sim.metrics import percentile
+
+COOKIE_NAME = "review_bot_admin"
+COOKIE_MAX_AGE_S = 12 * 3600
+BUCKET_COUNT = 48
+DISTRIBUTION_EDGES: tuple[float, ...] = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+LEVEL_COLORS: Mapping[Level, str] = {
+    Level.P0: "#d62728",
+    Level.P1: "#ff7f0e",
+    Level.P2: "#1f77b4",
+    Level.P3: "#7f7f7f",
+}
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+# --- authorization (pure) ------------------------------------------------------------------
+
+
+def session_cookie_value(token: str) -> str:
+    """The cookie a valid token buys: derived from it, so the token itself never sits in it."""
+    return hmac.new(token.encode(), b"review-bot admin session v1", hashlib.sha256).hexdigest()
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer ...` header, if any."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def token_matches(given: str | None, expected: str) -> bool:
+    """Constant-time comparison of a presented token with the configured one."""
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def cookie_matches(given: str | None, expected_token: str) -> bool:
+    return given is not None and hmac.compare_digest(
+        given.encode(), session_cookie_value(expected_token).encode()
+    )
+
+
+# --- data ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WaitPoint:
+    """One job's wait, by when it started."""
+
+    level: Level
+    started_at: datetime
+    wait_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardView:
+    """Everything the page shows, read at one instant."""
+
+    now: datetime
+    since: datetime
+    queue: QueueSnapshot
+    waits: Sequence[WaitPoint]
+    alerts: Sequence[Mapping[str, Any]] = field(default_factory=list)
+    thresholds: Mapping[Level, float] = field(default_factory=dict)
+
+
+async def read_dashboard(
+    engine: AsyncEngine,
+    *,
+    now: datetime,
+    hours: float,
+    thresholds: Mapping[Level, float],
+) -> DashboardView:
+    """Read the page's data; raises StoreUnavailable or StoreError."""
+    since = now - timedelta(hours=hours)
+    queue = await read_queue_snapshot(engine, now=now)
+    rows = await sql.fetch_rows(engine, sql.SELECT_STARTED_WAITS, {"since": since, "until": now})
+    alerts = await sql.fetch_rows(engine, sql.SELECT_RECENT_ALERTS, {"limit": 20})
+    waits = [
+        WaitPoint(level=Level(row.level), started_at=row.first_started_at, wait_s=row.wait_s)
+        for row in rows
+    ]
+    if waits:  # a quiet window would squash the chart into its last minutes
+        since = min(point.started_at for point in waits)
+    return DashboardView(
+        now=now,
+        since=since,
+        queue=queue,
+        waits=waits,
+        alerts=[dict(row._mapping) for row in alerts],
+        thresholds=thresholds,
+    )
+
+
+# --- rendering (pure) ----------------------------------------------------------------------
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _number(value: float) -> str:
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}"
+
+
+def wait_series(
+    waits: Sequence[WaitPoint], *, since: datetime, until: datetime, buckets: int = BUCKET_COUNT
+) -> dict[Level, list[float | None]]:
+    """Mean wait per level per time bucket (None where no job of that level started)."""
+    span = max((until - since).total_seconds(), 1.0)
+    sums: dict[Level, list[list[float]]] = {level: [[] for _ in range(buckets)] for level in LEVELS}
+    for point in waits:
+        offset = (point.started_at - since).total_seconds()
+        index = min(buckets - 1, max(0, int(offset / span * buckets)))
+        sums[point.level][index].append(point.wait_s)
+    return {
+        level: [statistics.fmean(values) if values else None for values in per_bucket]
+        for level, per_bucket in sums.items()
+    }
+
+
+def wait_histogram(
+    waits: Sequence[WaitPoint], edges: Sequence[float] = DISTRIBUTION_EDGES
+) -> dict[Level, list[int]]:
+    """Jobs per level per wait bucket: [0, e1), [e1, e2), ..., [e_last, inf)."""
+    counts = {level: [0] * (len(edges) + 1) for level in LEVELS}
+    for point in waits:
+        index = next((i for i, edge in enumerate(edges) if point.wait_s < edge), len(edges))
+        counts[point.level][index] += 1
+    return counts
+
+
+def histogram_labels(edges: Sequence[float] = DISTRIBUTION_EDGES) -> list[str]:
+    def short(seconds: float) -> str:
+        return f"{seconds / 60:.0f}m" if seconds >= 60 else f"{seconds:.0f}s"
+
+    labels = [f"<{short(edges[0])}"]
+    labels += [f"{short(low)}–{short(high)}" for low, high in itertools.pairwise(edges)]
+    labels.append(f"≥{short(edges[-1])}")
+    return labels
+
+
+def svg_grouped_bars(
+    chart: str,
+    categories: Sequence[str],
+    series: Mapping[Level, Sequence[float]],
+    *,
+    title: str,
+    width: int = 560,
+    height: int = 240,
+) -> str:
+    """Grouped vertical bars, one group per category, one bar per level."""
+    left, bottom, top = 40, 30, 20
+    plot_w, plot_h = width - left - 10, height - bottom - top
+    peak = max([1.0, *(value for values in series.values() for value in values)])
+    group_w = plot_w / max(1, len(categories))
+    bar_w = max(1.0, group_w * 0.8 / max(1, len(series)))
+    parts = [
+        f'<svg class="chart" data-chart="{_e(chart)}" role="img" aria-label="{_e(title)}" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{_e(title)}</title>",
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 10}" y2="{top + plot_h}" '
+        'stroke="#999"/>',
+        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" font-size="10">'
+        f"{_number(peak)}</text>",
+        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" font-size="10">0</text>',
+    ]
+    for index, category in enumerate(categories):
+        x0 = left + index * group_w + group_w * 0.1
+        for offset, (level, values) in enumerate(series.items()):
+            value = float(values[index]) if index < len(values) else 0.0
+            bar_h = plot_h * value / peak
+            parts.append(
+                f'<rect class="bar" data-level="{level}" data-value="{_number(value)}" '
+                f'x="{x0 + offset * bar_w:.1f}" y="{top + plot_h - bar_h:.1f}" '
+                f'width="{bar_w:.1f}" height="{bar_h:.1f}" fill="{LEVEL_COLORS[level]}">'
+                f"<title>{level} {_e(category)}: {_number(value)}</title></rect>"
+            )
+        parts.append(
+            f'<text x="{x0 + group_w * 0.4:.1f}" y="{height - 12}" text-anchor="middle" '
+            f'font-size="10">{_e(category)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def svg_lines(
+    chart: str,
+    series: Mapping[Level, Sequence[float | None]],
+    *,
+    since: datetime,
+    until: datetime,
+    title: str,
+    thresholds: Mapping[Level, float],
+    width: int = 1140,
+    height: int = 260,
+) -> str:
+    """One polyline per level over time (gaps where a bucket is empty), thresholds dashed."""
+    left, bottom, top = 50, 30, 20
+    plot_w, plot_h = width - left - 10, height - bottom - top
+    values = [value for points in series.values() for value in points if value is not None]
+    peak = max([1.0, *values])
+    buckets = max((len(points) for points in series.values()), default=1)
+    step = plot_w / max(1, buckets - 1)
+
+    def y_of(value: float) -> float:
+        return top + plot_h - plot_h * min(value, peak) / peak
+
+    parts = [
+        f'<svg class="chart" data-chart="{_e(chart)}" role="img" aria-label="{_e(title)}" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{_e(title)}</title>",
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 10}" y2="{top + plot_h}" '
+        'stroke="#999"/>',
+        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" font-size="10">'
+        f"{_number(peak)} s</text>",
+        f'<text x="{left}" y="{height - 10}" font-size="10">'
+        f"{_e(since.strftime('%Y-%m-%d %H:%M'))}</text>",
+        f'<text x="{width - 10}" y="{height - 10}" text-anchor="end" font-size="10">'
+        f"{_e(until.strftime('%Y-%m-%d %H:%M'))} UTC</text>",
+    ]
+    for level, threshold in thresholds.items():
+        if threshold <= peak:
+            y = y_of(threshold)
+            parts.append(
+                f'<line class="threshold" data-level="{level}" x1="{left}" y1="{y:.1f}" '
+                f'x2="{width - 10}" y2="{y:.1f}" stroke="{LEVEL_COLORS[level]}" '
+                'stroke-dasharray="4 4" stroke-width="1"/>'
+            )
+    for level, points in series.items():
+        runs: list[list[str]] = [[]]
+        for index, value in enumerate(points):
+            if value is None:
+                if runs[-1]:
+                    runs.append([])
+                continue
+            runs[-1].append(f"{left + index * step:.1f},{y_of(value):.1f}")
+        for run in runs:
+            if len(run) == 1:
+                point_x, point_y = run[0].split(",")
+                parts.append(
+                    f'<circle class="point" data-level="{level}" cx="{point_x}" cy="{point_y}" '
+                    'r="2.5" '
+                    f'fill="{LEVEL_COLORS[level]}"/>'
+                )
+            elif run:
+                parts.append(
+                    f'<polyline class="series" data-level="{level}" points="{" ".join(run)}" '
+                    f'fill="none" stroke="{LEVEL_COLORS[level]}" stroke-width="2"/>'
+                )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _legend() -> str:
+    return "".join(
+        f'<span class="key"><i style="background:{color}"></i>{level}</span>'
+        for level, color in LEVEL_COLORS.items()
+    )
+
+
+def _stats_rows(view: DashboardView) -> str:
+    rows = []
+    for level in LEVELS:
+        waits = [point.wait_s for point in view.waits if point.level == level]
+        threshold = view.thresholds.get(level)
+        breaches = sum(1 for w in waits if threshold is not None and w > threshold)
+        cells = [
+            str(level),
+            str(len(waits)),
+            _number(statistics.fmean(waits)) if waits else "–",
+            _number(percentile(waits, 0.5)) if waits else "–",
+            _number(percentile(waits, 0.95)) if waits else "–",
+            _number(percentile(waits, 0.99)) if waits else "–",
+            _number(max(waits)) if waits else "–",
+            "–" if threshold is None else f"{breaches} (&gt;{threshold:.0f} s)",
+        ]
+        rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
+    return "".join(rows)
+
+
+def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
+    if not alerts:
+        return '<tr><td colspan="5">no alerts</td></tr>'
+    rows = []
+    for alert in alerts:
+        fired = alert.get("fired_at")
+        fired_text = fired.strftime("%Y-%m-%d %H:%M:%S") if isinstance(fired, datetime) else fired
+        rows.append(
+            "<tr>"
+            f"<td>{_e(fired_text)}</td><td>{_e(alert.get('level'))}</td>"
+            f"<td>{_e(alert.get('repo'))}#{_e(alert.get('number'))}</td>"
+            f"<td>{_e(_number(float(alert.get('waited_s') or 0.0)))} s</td>"
+            f"<td>{_e(alert.get('state'))}</td>"
+            "</tr>"
+        )
+    return "".join(rows)
+
+
+def render_dashboard(view: DashboardView) -> str:
+    """The whole page as one HTML document."""
+    queue = view.queue
+    level_names = [str(level) for level in LEVELS]
+    queue_chart = svg_grouped_bars(
+        "queue",
+        ["waiting", "blocked", "running"],
+        {
+            level: [queue.waiting[level], queue.blocked[level], queue.running[level]]
+            for level in LEVELS
+        },
+        title="Jobs in the queue now, per level",
+    )
+    series = wait_series(view.waits, since=view.since, until=view.now)
+    waits_chart = svg_lines(
+        "waits",
+        series,
+        since=view.since,
+        until=view.now,
+        title="Mean wait per level over time (by start time)",
+        thresholds=view.thresholds,
+    )
+    histogram = wait_histogram(view.waits)
+    distribution_chart = svg_grouped_bars(
+        "distribution",
+        histogram_labels(),
+        {level: histogram[level] for level in LEVELS},
+        title="Wait distribution per level",
+    )
+    oldest = "".join(f"<td>{_number(queue.oldest_wait_s[level])} s</td>" for level in LEVELS)
+    ready = "".join(f"<td>{queue.ready_chunks[level]}</td>" for level in LEVELS)
+    waiting = "".join(f"<td>{queue.waiting[level]}</td>" for level in LEVELS)
+    header = "".join(f"<th>{name}</th>" for name in level_names)
+    stamp = view.now.strftime("%Y-%m-%d %H:%M:%S UTC")
+    minutes = (view.now - view.since).total_seconds() / 60
+    window = f"{minutes / 60:.0f} h" if minutes >= 120 else f"{minutes:.0f} min"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>review-bot admin</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 20px; color: #222; }}
+h1 {{ font-size: 20px; margin: 0 0 4px; }} h2 {{ font-size: 16px; margin: 18px 0 6px; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ddd; padding: 3px 8px; }}
+th {{ background: #f3f3f3; text-align: left; }} .row {{ display: flex; gap: 24px; }}
+.key {{ margin-right: 12px; }} .key i {{ display: inline-block; width: 10px; height: 10px;
+  margin-right: 4px; }} .muted {{ color: #777; }}
+</style></head>
+<body>
+<h1>review-bot queue</h1>
+<p class="muted">as of {_e(stamp)}; charts cover the last {window}
+({len(view.waits)} jobs started). {_legend()}</p>
+<h2>Queue now</h2>
+<div class="row"><div>{queue_chart}</div><div>
+<table id="queue-now"><tr><th></th>{header}</tr>
+<tr><th>waiting jobs</th>{waiting}</tr><tr><th>ready chunks</th>{ready}</tr>
+<tr><th>oldest wait</th>{oldest}</tr></table></div></div>
+<h2>Waits per level over time</h2>
+{waits_chart}
+<div class="row"><div>
+<h2>Wait distribution</h2>
+{distribution_chart}</div><div>
+<h2>Waits per level</h2>
+<table id="wait-stats"><tr><th>level</th><th>jobs</th><th>mean s</th><th>P50</th><th>P95</th>
+<th>P99</th><th>max</th><th>breaches</th></tr>{_stats_rows(view)}</table></div></div>
+<h2>Recent alerts</h2>
+<table id="alerts"><tr><th>fired</th><th>level</th><th>review</th><th>waited</th>
+<th>state now</th></tr>{_alert_rows(view.alerts)}</table>
+</body></html>
+"""
+
+
+# --- handler -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """What /admin needs."""
+
+    engine: AsyncEngine
+    clock: Clock
+    admin_token: str | None
+    thresholds: Mapping[Level, float]
+
+
+ADMIN_KEY = web.AppKey("admin_config", AdminConfig)
+
+_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _refuse() -> web.Response:
+    return web.Response(
+        status=401,
+        text="admin token required\n",
+        headers={"WWW-Authenticate": 'Bearer realm="review-bot admin"', **_HEADERS},
+    )
+
+
+def _hours(raw: str | None) -> float:
+    try:
+        value = float(raw) if raw else 24.0
+    except ValueError:
+        return 24.0
+    return 24.0 if not math.isfinite(value) else min(168.0, max(1.0, value))
+
+
+async def handle_admin(request: web.Request) -> web.StreamResponse:
+    """The dashboard, for holders of the admin token only."""
+    config = request.app[ADMIN_KEY]
+    token = config.admin_token
+    if not token:
+        raise web.HTTPNotFound()
+    if "token" in request.query:
+        if not token_matches(request.query["token"], token):
+            return _refuse()
+        # Trade the token in the URL for a cookie, and drop it from the address bar.
+        query = {k: v for k, v in request.query.items() if k != "token"}
+        target = request.rel_url.with_query(query) if query else request.rel_url.with_query(None)
+        response = web.Response(status=303, headers={"Location": str(target), **_HEADERS})
+        response.set_cookie(
+            COOKIE_NAME,
+            session_cookie_value(token),
+            max_age=COOKIE_MAX_AGE_S,
+            path="/admin",
+            httponly=True,
+            samesite="Strict",
+            secure=request.secure,
+        )
+        return response
+    if not (
+        token_matches(bearer_token(request.headers.get("Authorization")), token)
+        or cookie_matches(request.cookies.get(COOKIE_NAME), token)
+    ):
+        return _refuse()
+    view = await read_dashboard(
+        config.engine,
+        now=config.clock.now(),
+        hours=_hours(request.query.get("hours")),
+        thresholds=config.thresholds,
+    )
+    return web.Response(text=render_dashboard(view), content_type="text/html", headers=_HEADERS)
+
+
+def setup_admin(
+    app: web.Application,
+    *,
+    admin_token: str | None,
+    engine: AsyncEngine | None = None,
+    clock: Clock | None = None,
+    thresholds: Mapping[Level, float] | None = None,
+) -> None:
+    """Add `GET /admin`; engine and clock default to the app's store and clock."""
+    if engine is None:
+        from bot.app import STORE_KEY  # the composition root imports this module
+
+        engine = app[STORE_KEY].engine
+    if clock is None:
+        from bot.app import CLOCK_KEY
+
+        clock = app[CLOCK_KEY] if CLOCK_KEY in app else SystemClock()
+    app[ADMIN_KEY] = AdminConfig(
+        engine=engine,
+        clock=clock,
+        admin_token=admin_token or None,
+        thresholds=dict(
+            thresholds
+            if thresholds is not None
+            else {Level.P0: 10.0, Level.P1: 60.0, Level.P2: 300.0}
+        ),
+    )
+    app.router.add_get("/admin", handle_admin)

@@ -1,0 +1,325 @@
+"""Prometheus metrics in a registry of their own, and `GET /metrics`.
+
+Queue depth and oldest wait are read from the database at scrape time, so every process that
+serves /metrics reports the whole queue (all dispatchers), not only what it saw itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bot.clock import Clock, SystemClock
+from bot.errors import StoreError
+from bot.model import LEVELS, Level
+from bot.obs import statements as sql
+
+log = logging.getLogger(__name__)
+
+# 10, 60 and 300 s are the alert thresholds of P0, P1 and P2: a bucket edge at each.
+WAIT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+TURNAROUND_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
+LLM_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+WEBHOOK_PATHS = {"/webhooks/github": "github", "/webhooks/gitlab": "gitlab"}
+_OUTCOME = re.compile(r"^[a-z_]{1,24}$")
+
+
+def level_label(level: Level | int) -> str:
+    """`P0`..`P3`."""
+    return str(Level(int(level)))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """The queue per level at one instant, as the gauges show it."""
+
+    waiting: Mapping[Level, int]
+    blocked: Mapping[Level, int]
+    running: Mapping[Level, int]
+    ready_chunks: Mapping[Level, int]
+    running_chunks: Mapping[Level, int]
+    oldest_wait_s: Mapping[Level, float]
+
+
+def build_snapshot(
+    job_rows: Iterable[Mapping[str, Any]],
+    chunk_rows: Iterable[Mapping[str, Any]],
+    *,
+    now: datetime,
+) -> QueueSnapshot:
+    """Turn the two queue reads into per-level numbers (every level present, zero if idle)."""
+    waiting = dict.fromkeys(LEVELS, 0)
+    blocked = dict.fromkeys(LEVELS, 0)
+    running = dict.fromkeys(LEVELS, 0)
+    oldest = dict.fromkeys(LEVELS, 0.0)
+    for row in job_rows:
+        level = Level(row["level"])
+        waiting[level] = int(row["waiting"])
+        blocked[level] = int(row["blocked"])
+        running[level] = int(row["running"])
+        if row["oldest_ready_at"] is not None:
+            oldest[level] = max(0.0, (now - row["oldest_ready_at"]).total_seconds())
+    ready_chunks = dict.fromkeys(LEVELS, 0)
+    running_chunks = dict.fromkeys(LEVELS, 0)
+    for row in chunk_rows:
+        level = Level(row["level"])
+        ready_chunks[level] = int(row["ready"])
+        running_chunks[level] = int(row["running"])
+    return QueueSnapshot(
+        waiting=waiting,
+        blocked=blocked,
+        running=running,
+        ready_chunks=ready_chunks,
+        running_chunks=running_chunks,
+        oldest_wait_s=oldest,
+    )
+
+
+async def read_queue_snapshot(engine: AsyncEngine, *, now: datetime) -> QueueSnapshot:
+    """Read the queue per level now; raises StoreUnavailable."""
+    jobs = await sql.fetch_rows(engine, sql.SELECT_QUEUE_JOBS)
+    chunks = await sql.fetch_rows(engine, sql.SELECT_QUEUE_CHUNKS, {"now": now})
+    return build_snapshot(
+        (dict(row._mapping) for row in jobs), (dict(row._mapping) for row in chunks), now=now
+    )
+
+
+class Metrics:
+    """Every metric the bot exports; call the `observe_*`/`count_*` methods from anywhere."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.queue_jobs = Gauge(
+            "review_bot_queue_jobs",
+            "Live jobs per level: waiting (ready, not started), blocked (dependencies), running",
+            ["level", "state"],
+            registry=r,
+        )
+        self.queue_chunks = Gauge(
+            "review_bot_queue_chunks",
+            "Chunks per level: ready to take now, running",
+            ["level", "state"],
+            registry=r,
+        )
+        self.oldest_wait = Gauge(
+            "review_bot_queue_oldest_wait_seconds",
+            "How long the oldest ready, not yet started job of a level has waited",
+            ["level"],
+            registry=r,
+        )
+        self.wait = Histogram(
+            "review_bot_wait_seconds",
+            "Queue wait from ready to the first chunk's start, per level at intake",
+            ["level"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.turnaround = Histogram(
+            "review_bot_turnaround_seconds",
+            "Arrival to review finished, per level at intake",
+            ["level"],
+            buckets=TURNAROUND_BUCKETS,
+            registry=r,
+        )
+        self.chunks = Counter(
+            "review_bot_chunks", "Chunks finished per worker", ["worker"], registry=r
+        )
+        self.gpu_seconds = Counter(
+            "review_bot_gpu_seconds", "GPU seconds spent per worker", ["worker"], registry=r
+        )
+        self.llm_latency = Histogram(
+            "review_bot_llm_latency_seconds",
+            "Latency of one LLM call",
+            buckets=LLM_BUCKETS,
+            registry=r,
+        )
+        self.llm_tokens = Counter(
+            "review_bot_llm_tokens", "LLM tokens by kind (prompt, completion)", ["kind"], registry=r
+        )
+        self.webhooks = Counter(
+            "review_bot_webhooks", "Webhook deliveries by outcome", ["forge", "outcome"], registry=r
+        )
+        self.post_failures = Counter(
+            "review_bot_post_failures", "Reviews that failed to post", ["forge"], registry=r
+        )
+        self.lease_reclaims = Counter(
+            "review_bot_lease_reclaims", "Chunks whose lease expired and were reclaimed", registry=r
+        )
+        self.dead_jobs = Counter(
+            "review_bot_dead_jobs", "Jobs that ended dead (a chunk out of attempts)", registry=r
+        )
+        self.alerts = Counter(
+            "review_bot_wait_alerts", "Wait alerts raised, per level", ["level"], registry=r
+        )
+        self.alert_posts = Counter(
+            "review_bot_alert_posts",
+            "Alert webhook posts by outcome (sent, failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.scrape_errors = Counter(
+            "review_bot_metrics_scrape_errors",
+            "Scrapes that could not read the queue from the database",
+            registry=r,
+        )
+        for level in LEVELS:
+            label = level_label(level)
+            self.wait.labels(label)
+            self.turnaround.labels(label)
+            self.alerts.labels(label)
+            self.oldest_wait.labels(label)
+            for state in ("waiting", "blocked", "running"):
+                self.queue_jobs.labels(label, state)
+            for state in ("ready", "running"):
+                self.queue_chunks.labels(label, state)
+
+    def observe_wait(self, level: Level | int, seconds: float) -> None:
+        self.wait.labels(level_label(level)).observe(max(0.0, seconds))
+
+    def observe_turnaround(self, level: Level | int, seconds: float) -> None:
+        self.turnaround.labels(level_label(level)).observe(max(0.0, seconds))
+
+    def observe_chunk(self, worker: str, gpu_seconds: float) -> None:
+        self.chunks.labels(worker).inc()
+        self.gpu_seconds.labels(worker).inc(max(0.0, gpu_seconds))
+
+    def observe_llm(self, latency_s: float, prompt_tokens: int, completion_tokens: int) -> None:
+        self.llm_latency.observe(max(0.0, latency_s))
+        self.llm_tokens.labels("prompt").inc(max(0, prompt_tokens))
+        self.llm_tokens.labels("completion").inc(max(0, completion_tokens))
+
+    def count_webhook(self, forge: str, outcome: str) -> None:
+        self.webhooks.labels(forge, outcome).inc()
+
+    def count_post_failure(self, forge: str) -> None:
+        self.post_failures.labels(forge).inc()
+
+    def count_reclaims(self, count: int) -> None:
+        if count > 0:
+            self.lease_reclaims.inc(count)
+
+    def count_dead(self, count: int = 1) -> None:
+        if count > 0:
+            self.dead_jobs.inc(count)
+
+    def count_alert(self, level: Level | int) -> None:
+        self.alerts.labels(level_label(level)).inc()
+
+    def count_alert_post(self, outcome: str) -> None:
+        self.alert_posts.labels(outcome).inc()
+
+    def show_queue(self, snapshot: QueueSnapshot) -> None:
+        """Set the queue gauges from a snapshot."""
+        for level in LEVELS:
+            label = level_label(level)
+            self.queue_jobs.labels(label, "waiting").set(snapshot.waiting[level])
+            self.queue_jobs.labels(label, "blocked").set(snapshot.blocked[level])
+            self.queue_jobs.labels(label, "running").set(snapshot.running[level])
+            self.queue_chunks.labels(label, "ready").set(snapshot.ready_chunks[level])
+            self.queue_chunks.labels(label, "running").set(snapshot.running_chunks[level])
+            self.oldest_wait.labels(label).set(snapshot.oldest_wait_s[level])
+
+    def render(self) -> bytes:
+        """The text exposition of this registry."""
+        return generate_latest(self.registry)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """What the /metrics handler needs."""
+
+    metrics: Metrics
+    engine: AsyncEngine
+    clock: Clock
+
+
+METRICS_KEY = web.AppKey("metrics", Metrics)
+METRICS_CONFIG_KEY = web.AppKey("metrics_config", MetricsConfig)
+
+
+def webhook_outcome(status: int, body: bytes | None) -> str:
+    """The outcome label of a webhook answer: its JSON `status`, else the HTTP status."""
+    if body:
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict):
+            value = answer.get("status")
+            if isinstance(value, str) and _OUTCOME.match(value):
+                return value
+    return f"http_{status}"
+
+
+async def _count_webhook_response(request: web.Request, response: web.StreamResponse) -> None:
+    forge = WEBHOOK_PATHS.get(request.path)
+    if forge is None or request.method != "POST":
+        return
+    body = response.body if isinstance(response, web.Response) else None
+    raw = body if isinstance(body, bytes) else None
+    request.app[METRICS_KEY].count_webhook(forge, webhook_outcome(response.status, raw))
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    """Refresh the queue gauges from the database, then expose every metric."""
+    config = request.app[METRICS_CONFIG_KEY]
+    try:
+        snapshot = await read_queue_snapshot(config.engine, now=config.clock.now())
+    except StoreError as exc:
+        # Serve the counters anyway; the queue gauges keep their last values.
+        config.metrics.scrape_errors.inc()
+        log.warning("metrics: queue not readable: %s", exc, extra={"action": "metrics_stale"})
+    else:
+        config.metrics.show_queue(snapshot)
+    return web.Response(body=config.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def setup_metrics(
+    app: web.Application,
+    *,
+    engine: AsyncEngine | None = None,
+    clock: Clock | None = None,
+    metrics: Metrics | None = None,
+    count_webhooks: bool = True,
+) -> Metrics:
+    """Add `GET /metrics`; engine and clock default to the app's store and clock."""
+    used = metrics if metrics is not None else Metrics()
+    app[METRICS_KEY] = used
+    app[METRICS_CONFIG_KEY] = MetricsConfig(
+        metrics=used,
+        engine=engine if engine is not None else _app_store(app).engine,
+        clock=clock if clock is not None else _app_clock(app),
+    )
+    app.router.add_get("/metrics", handle_metrics)
+    if count_webhooks:
+        app.on_response_prepare.append(_count_webhook_response)
+    return used
+
+
+def _app_store(app: web.Application) -> Any:
+    from bot.app import STORE_KEY  # the composition root imports this module
+
+    return app[STORE_KEY]
+
+
+def _app_clock(app: web.Application) -> Clock:
+    from bot.app import CLOCK_KEY
+
+    return app[CLOCK_KEY] if CLOCK_KEY in app else SystemClock()

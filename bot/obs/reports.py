@@ -1,0 +1,608 @@
+"""`bot report NAME`: admin reports over the report views of migration 0002.
+
+Reports only read, in read-only transactions, so they run under a role that can do nothing
+else. Create it once (as the role that runs the migrations):
+
+    CREATE ROLE review_bot_reader LOGIN PASSWORD 'change-me';
+    GRANT CONNECT ON DATABASE reviewbot TO review_bot_reader;
+    GRANT USAGE ON SCHEMA public TO review_bot_reader;
+    GRANT SELECT ON ALL TABLES IN SCHEMA public TO review_bot_reader;  -- tables and views
+    ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO review_bot_reader;
+    ALTER ROLE review_bot_reader SET default_transaction_read_only = on;
+
+then `DATABASE_URL=postgresql://review_bot_reader:change-me@db/reviewbot bot report waits`,
+or `psql` with the same role: `SELECT * FROM report_waits_by_level;`.
+
+Reports: waits, durations, workers, repos, largest, commands, failures, alerts, and
+`compare --before A --after B` where A and B are periods (`2026-01-05T08:00/2026-01-05T12:00`)
+or JSON files written by `bot simulate --json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import TextClause, text
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bot.config import Settings
+from bot.db import create_engine
+from bot.errors import ConfigError, ReviewBotError, StoreError, StoreUnavailable
+from bot.model import LEVELS, Level
+from bot.sim.metrics import profile_verdict
+
+SUCCESS_REDUCTION = 0.5  # the seed's success criterion: mean wait down at least 50%
+
+
+class ReportError(ReviewBotError):
+    """A report could not be built (unknown name, bad period, missing grant)."""
+
+
+def _window(column: str, *, repo: bool = True) -> str:
+    clauses = [
+        f"(CAST(:since AS timestamptz) IS NULL OR {column} >= CAST(:since AS timestamptz))",
+        f"(CAST(:until AS timestamptz) IS NULL OR {column} < CAST(:until AS timestamptz))",
+    ]
+    if repo:
+        clauses.append("(CAST(:repo AS text) IS NULL OR repo = CAST(:repo AS text))")
+    return " AND ".join(clauses)
+
+
+def _percentile(share: float, column: str, name: str) -> str:
+    return (
+        f"round((percentile_cont({share}) WITHIN GROUP (ORDER BY {column}))::numeric, 3) AS {name}"
+    )
+
+
+# Waits and turnaround per level at intake (and for all levels), breaches against the
+# configured thresholds, for jobs that arrived in the window.
+WAITS = text(
+    f"""
+    WITH w AS (SELECT * FROM report_waits WHERE {_window("enqueued_at")}),
+    t AS (
+        SELECT * FROM (VALUES (0, CAST(:t0 AS float8)), (1, CAST(:t1 AS float8)),
+                              (2, CAST(:t2 AS float8))) AS t(level, threshold_s)
+    )
+    SELECT CASE WHEN GROUPING(w.level) = 1 THEN 'all' ELSE 'P' || w.level END AS level,
+           count(*) AS jobs, count(w.wait_s) AS started,
+           round(avg(w.wait_s)::numeric, 3) AS mean_wait_s,
+           {_percentile(0.50, "w.wait_s", "p50_wait_s")},
+           {_percentile(0.95, "w.wait_s", "p95_wait_s")},
+           {_percentile(0.99, "w.wait_s", "p99_wait_s")},
+           round(max(w.wait_s)::numeric, 3) AS max_wait_s,
+           count(*) FILTER (WHERE w.wait_s > t.threshold_s) AS breaches,
+           round(avg(w.turnaround_s)::numeric, 3) AS mean_turnaround_s,
+           {_percentile(0.50, "w.turnaround_s", "p50_turnaround_s")},
+           {_percentile(0.95, "w.turnaround_s", "p95_turnaround_s")},
+           {_percentile(0.99, "w.turnaround_s", "p99_turnaround_s")},
+           round(max(w.turnaround_s)::numeric, 3) AS max_turnaround_s
+    FROM w LEFT JOIN t ON t.level = w.level
+    GROUP BY GROUPING SETS ((w.level), ())
+    ORDER BY GROUPING(w.level), w.level
+    """
+)
+
+# Service time (GPU seconds per finished review) per level and overall.
+DURATIONS = text(
+    f"""
+    SELECT CASE WHEN GROUPING(level) = 1 THEN 'all' ELSE 'P' || level END AS level,
+           count(*) AS jobs,
+           round(avg(gpu_seconds)::numeric, 3) AS mean_s,
+           {_percentile(0.50, "gpu_seconds", "p50_s")},
+           {_percentile(0.95, "gpu_seconds", "p95_s")},
+           {_percentile(0.99, "gpu_seconds", "p99_s")},
+           round(max(gpu_seconds)::numeric, 3) AS max_s,
+           round(stddev_pop(gpu_seconds)::numeric, 3) AS stddev_s,
+           round((percentile_cont(0.99) WITHIN GROUP (ORDER BY gpu_seconds)
+                  / NULLIF(percentile_cont(0.50) WITHIN GROUP (ORDER BY gpu_seconds), 0)
+                 )::numeric, 3) AS p99_over_p50,
+           round((stddev_pop(gpu_seconds) / NULLIF(avg(gpu_seconds), 0))::numeric, 3)
+               AS stddev_over_mean
+    FROM report_waits
+    WHERE state = 'done' AND gpu_seconds > 0 AND {_window("enqueued_at")}
+    GROUP BY GROUPING SETS ((level), ())
+    ORDER BY GROUPING(level), level
+    """
+)
+
+# Chunks, GPU and busy time per worker and hour (hour empty: the worker's whole window).
+# utilization = busy seconds / (slots x seconds of the span).
+WORKERS = text(
+    f"""
+    SELECT worker,
+           date_trunc('hour', finished_at AT TIME ZONE 'UTC') AS hour,
+           count(*) AS chunks, count(DISTINCT job_id) AS jobs,
+           round(sum(gpu_seconds)::numeric, 3) AS gpu_s,
+           round(sum(busy_s)::numeric, 3) AS busy_s,
+           round((sum(busy_s) / (CAST(:slots AS float8) * CASE
+               WHEN GROUPING(date_trunc('hour', finished_at AT TIME ZONE 'UTC')) = 0 THEN 3600.0
+               ELSE GREATEST(EXTRACT(EPOCH FROM max(finished_at) - min(started_at)), 1.0)
+           END))::numeric, 4) AS utilization
+    FROM report_chunks
+    WHERE state = 'done' AND {_window("finished_at")}
+    GROUP BY GROUPING SETS ((worker, date_trunc('hour', finished_at AT TIME ZONE 'UTC')),
+                            (worker))
+    ORDER BY worker, GROUPING(date_trunc('hour', finished_at AT TIME ZONE 'UTC')), hour
+    """
+)
+
+# Slowest repositories first, with each one's largest review.
+REPOS = text(
+    f"""
+    WITH w AS (SELECT * FROM report_waits WHERE {_window("enqueued_at")}),
+    largest AS (
+        SELECT DISTINCT ON (forge, repo) forge, repo, job_id, total_lines
+        FROM w ORDER BY forge, repo, total_lines DESC, job_id
+    )
+    SELECT w.forge, w.repo, count(*) AS jobs,
+           round(avg(w.wait_s)::numeric, 3) AS mean_wait_s,
+           {_percentile(0.95, "w.wait_s", "p95_wait_s")},
+           round(avg(w.turnaround_s)::numeric, 3) AS mean_turnaround_s,
+           round(max(w.turnaround_s)::numeric, 3) AS max_turnaround_s,
+           round(sum(w.gpu_seconds)::numeric, 3) AS gpu_s,
+           round(avg(w.total_lines)::numeric, 1) AS mean_lines,
+           max(largest.total_lines) AS largest_lines, max(largest.job_id) AS largest_job_id
+    FROM w JOIN largest ON largest.forge = w.forge AND largest.repo = w.repo
+    GROUP BY w.forge, w.repo
+    ORDER BY avg(w.turnaround_s) DESC NULLS LAST, w.repo
+    LIMIT :limit
+    """
+)
+
+# The largest reviews by changed lines.
+LARGEST = text(
+    f"""
+    SELECT job_id, forge, repo, number, 'P' || level AS level, state, total_lines,
+           files_changed, chunks_total, gpu_s, turnaround_s
+    FROM report_largest_reviews
+    WHERE {_window("enqueued_at")}
+    ORDER BY total_lines DESC, job_id
+    LIMIT :limit
+    """
+)
+
+# Reprioritizations and slash commands, and who made them.
+COMMANDS = text(
+    f"""
+    SELECT at, job_id, forge, repo, number, kind, actor, what, from_value, to_value
+    FROM report_commands
+    WHERE {_window("at")}
+    ORDER BY at, job_id
+    LIMIT :limit
+    """
+)
+
+# Dead and failed jobs with their errors, newest first.
+FAILURES = text(
+    f"""
+    SELECT job_id, forge, repo, number, state, 'P' || level AS level, attempts, enqueued_at,
+           finished_at, last_error, dead_chunks, chunk_errors
+    FROM report_failures
+    WHERE {_window("enqueued_at")}
+    ORDER BY finished_at DESC NULLS LAST, job_id DESC
+    LIMIT :limit
+    """
+)
+
+# Wait alerts raised, newest first.
+ALERTS = text(
+    f"""
+    SELECT fired_at, job_id, forge, repo, number, level, waited_s, threshold_s, state, message
+    FROM report_alerts
+    WHERE {_window("fired_at")}
+    ORDER BY fired_at DESC, job_id DESC
+    LIMIT :limit
+    """
+)
+
+STATEMENTS: Mapping[str, TextClause] = {
+    "waits": WAITS,
+    "durations": DURATIONS,
+    "workers": WORKERS,
+    "repos": REPOS,
+    "largest": LARGEST,
+    "commands": COMMANDS,
+    "failures": FAILURES,
+    "alerts": ALERTS,
+}
+REPORT_NAMES: tuple[str, ...] = (*STATEMENTS, "compare")
+
+
+@dataclass(frozen=True, slots=True)
+class ReportOptions:
+    """Filters and knobs shared by every report."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    repo: str | None = None
+    thresholds: Mapping[Level, float] = field(
+        default_factory=lambda: {Level.P0: 10.0, Level.P1: 60.0, Level.P2: 300.0}
+    )
+    slots: int = 8
+    limit: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Rows of one report, plus lines of interpretation."""
+
+    name: str
+    rows: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_time(value: str) -> datetime:
+    """An ISO 8601 time (UTC when no offset is given); raises ReportError."""
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError as exc:
+        raise ReportError(f"not an ISO 8601 time: {value!r}") from exc
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def parse_period(value: str) -> tuple[datetime, datetime]:
+    """`START/END` in ISO 8601; raises ReportError."""
+    start, sep, end = value.partition("/")
+    if not sep:
+        raise ReportError(f"not a period START/END: {value!r}")
+    since, until = parse_time(start), parse_time(end)
+    if until <= since:
+        raise ReportError(f"period ends before it starts: {value!r}")
+    return since, until
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def durations_verdict(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The seed's rule applied to the overall row of the durations report."""
+    for row in rows:
+        if row["level"] == "all" and row["p99_over_p50"] is not None:
+            return profile_verdict(
+                {
+                    "p99_over_p50": float(row["p99_over_p50"]),
+                    "stddev_over_mean": float(row["stddev_over_mean"] or 0.0),
+                }
+            )
+    return None
+
+
+def _parameters(options: ReportOptions) -> dict[str, Any]:
+    return {
+        "since": options.since,
+        "until": options.until,
+        "repo": options.repo,
+        "t0": options.thresholds.get(Level.P0),
+        "t1": options.thresholds.get(Level.P1),
+        "t2": options.thresholds.get(Level.P2),
+        "slots": max(1, options.slots),
+        "limit": options.limit,
+    }
+
+
+def read_only(engine: AsyncEngine) -> AsyncEngine:
+    """The engine with every transaction READ ONLY."""
+    return engine.execution_options(postgresql_readonly=True)
+
+
+async def build_report(engine: AsyncEngine, name: str, options: ReportOptions) -> Report:
+    """Run one named report; raises ReportError, StoreUnavailable or StoreError."""
+    statement = STATEMENTS.get(name)
+    if statement is None:
+        raise ReportError(f"unknown report {name!r}; choose from {', '.join(REPORT_NAMES)}")
+    parameters = _parameters(options)
+    used = {key: value for key, value in parameters.items() if f":{key}" in str(statement)}
+    try:
+        async with read_only(engine).connect() as conn:
+            result = await conn.execute(statement, used)
+            rows = [{key: _plain(value) for key, value in row.items()} for row in result.mappings()]
+    except ProgrammingError as exc:
+        raise ReportError(
+            f"report {name} failed: {exc.orig}; is the database migrated (bot db upgrade) and "
+            "does the role have SELECT on the report views?"
+        ) from exc
+    except (OperationalError, InterfaceError, OSError) as exc:
+        raise StoreUnavailable(f"database unavailable: {exc}") from exc
+    except DBAPIError as exc:
+        raise StoreError(f"report {name} failed: {exc}") from exc
+    notes: list[str] = []
+    if name == "durations":
+        verdict = durations_verdict(rows)
+        notes.append(
+            f"recommendation: {verdict}" if verdict else "recommendation: no finished reviews"
+        )
+    if name == "workers":
+        notes.append(
+            f"utilization assumes {options.slots} slots per worker; rows without an hour "
+            "cover the worker's whole window"
+        )
+    return Report(name=name, rows=rows, notes=notes)
+
+
+# --- compare ------------------------------------------------------------------------------
+
+
+def summary_from_waits(rows: Sequence[Mapping[str, Any]], *, source: str) -> dict[str, Any]:
+    """The waits report in the shape `bot simulate --json` writes."""
+
+    def describe(row: Mapping[str, Any], kind: str) -> dict[str, float]:
+        return {
+            "mean": float(row[f"mean_{kind}_s"] or 0.0),
+            "p50": float(row[f"p50_{kind}_s"] or 0.0),
+            "p95": float(row[f"p95_{kind}_s"] or 0.0),
+            "p99": float(row[f"p99_{kind}_s"] or 0.0),
+            "max": float(row[f"max_{kind}_s"] or 0.0),
+        }
+
+    summary: dict[str, Any] = {"source": source, "requests": 0, "levels": {}}
+    empty = {key: 0.0 for key in ("mean", "p50", "p95", "p99", "max")}
+    summary["all"] = {"wait": dict(empty), "turnaround": dict(empty)}
+    for row in rows:
+        entry = {
+            "n": int(row["jobs"]),
+            "wait": describe(row, "wait"),
+            "turnaround": describe(row, "turnaround"),
+            "breaches": int(row["breaches"]),
+        }
+        if row["level"] == "all":
+            summary["requests"] = entry["n"]
+            summary["all"] = {"wait": entry["wait"], "turnaround": entry["turnaround"]}
+            summary["breaches"] = entry["breaches"]
+        else:
+            summary["levels"][row["level"]] = entry
+    return summary
+
+
+def _change(before: float, after: float) -> float | None:
+    return None if before == 0 else round((after - before) / before * 100.0, 1)
+
+
+def compare_summaries(before: Mapping[str, Any], after: Mapping[str, Any]) -> Report:
+    """Before/after rows per level and statistic, and whether mean wait fell by half."""
+    rows: list[dict[str, Any]] = []
+    scopes: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]] = [
+        ("all", before.get("all", {}), after.get("all", {}))
+    ]
+    for level in LEVELS:
+        name = str(level)
+        scopes.append(
+            (name, before.get("levels", {}).get(name, {}), after.get("levels", {}).get(name, {}))
+        )
+    for scope, old, new in scopes:
+        if not old and not new:
+            continue
+        for kind in ("wait", "turnaround"):
+            for statistic in ("mean", "p50", "p95", "p99", "max"):
+                old_value = float(old.get(kind, {}).get(statistic, 0.0))
+                new_value = float(new.get(kind, {}).get(statistic, 0.0))
+                rows.append(
+                    {
+                        "scope": scope,
+                        "metric": f"{kind}_{statistic}_s",
+                        "before": round(old_value, 3),
+                        "after": round(new_value, 3),
+                        "change_pct": _change(old_value, new_value),
+                    }
+                )
+        if "breaches" in old or "breaches" in new:
+            old_breaches = float(old.get("breaches", 0))
+            new_breaches = float(new.get("breaches", 0))
+            rows.append(
+                {
+                    "scope": scope,
+                    "metric": "breaches",
+                    "before": old_breaches,
+                    "after": new_breaches,
+                    "change_pct": _change(old_breaches, new_breaches),
+                }
+            )
+    old_mean = float(before.get("all", {}).get("wait", {}).get("mean", 0.0))
+    new_mean = float(after.get("all", {}).get("wait", {}).get("mean", 0.0))
+    notes = [success_verdict(old_mean, new_mean)]
+    return Report(name="compare", rows=rows, notes=notes)
+
+
+def success_verdict(before_mean: float, after_mean: float) -> str:
+    """The seed's criterion in one line: mean wait down at least 50%."""
+    if before_mean <= 0:
+        return f"mean wait {before_mean:.1f} s -> {after_mean:.1f} s: no wait before to reduce"
+    reduction = 1.0 - after_mean / before_mean
+    met = "MET" if reduction >= SUCCESS_REDUCTION else "NOT MET"
+    return (
+        f"mean wait {before_mean:.1f} s -> {after_mean:.1f} s: down {reduction:.0%} "
+        f"(criterion: down at least {SUCCESS_REDUCTION:.0%}): {met}"
+    )
+
+
+def _is_file(value: str) -> bool:
+    try:
+        return Path(value).is_file()
+    except OSError:
+        return False
+
+
+def read_summary_file(path: str) -> dict[str, Any]:
+    """A summary written by `bot simulate --json`; raises ReportError."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{path}: not a readable JSON summary: {exc}") from exc
+    if not isinstance(data, dict) or "all" not in data:
+        raise ReportError(f"{path}: not a `bot simulate --json` summary")
+    data.setdefault("source", path)
+    return data
+
+
+async def load_side(
+    value: str, *, engine_for: Callable[[], AsyncEngine], options: ReportOptions
+) -> dict[str, Any]:
+    """A `bot simulate --json` file, or a period read from the database."""
+    if _is_file(value):
+        return read_summary_file(value)
+    if "/" not in value:
+        raise ReportError(f"{value!r} is neither a file nor a period START/END")
+    since, until = parse_period(value)
+    window = ReportOptions(
+        since=since,
+        until=until,
+        repo=options.repo,
+        thresholds=options.thresholds,
+        slots=options.slots,
+        limit=options.limit,
+    )
+    report = await build_report(engine_for(), "waits", window)
+    return summary_from_waits(report.rows, source=value)
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".") if value != int(value) else f"{value:.0f}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def format_table(report: Report) -> str:
+    """Aligned columns, then the notes."""
+    lines: list[str] = []
+    if report.rows:
+        columns = list(report.rows[0])
+        cells = [[_cell(row.get(column)) for column in columns] for row in report.rows]
+        widths = [
+            max(len(column), *(len(line[index][:60]) for line in cells))
+            for index, column in enumerate(columns)
+        ]
+        lines.append("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+        lines.append("  ".join("-" * w for w in widths))
+        for line in cells:
+            lines.append(
+                "  ".join(c[:60].ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+            )
+    else:
+        lines.append(f"({report.name}: no rows)")
+    lines.extend(report.notes)
+    return "\n".join(lines)
+
+
+def format_csv(report: Report) -> str:
+    """RFC 4180 CSV of the rows (notes are not data: the caller prints them elsewhere)."""
+    buffer = io.StringIO()
+    if report.rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(report.rows[0]), lineterminator="\n")
+        writer.writeheader()
+        for row in report.rows:
+            writer.writerow(
+                {
+                    key: json.dumps(value) if isinstance(value, dict | list) else value
+                    for key, value in row.items()
+                }
+            )
+    return buffer.getvalue()
+
+
+def format_json(report: Report) -> str:
+    return json.dumps({"report": report.name, "rows": report.rows, "notes": report.notes})
+
+
+def render_report(report: Report, output_format: str) -> tuple[str, list[str]]:
+    """The text for stdout, and lines for stderr (csv keeps its notes off the data)."""
+    if output_format == "csv":
+        return format_csv(report), list(report.notes)
+    if output_format == "json":
+        return format_json(report), []
+    return format_table(report), []
+
+
+# --- command ------------------------------------------------------------------------------
+
+
+def options_from(args: argparse.Namespace, settings: Settings) -> ReportOptions:
+    """Report options from the command line and settings; raises ReportError."""
+    since = getattr(args, "since", None)
+    until = getattr(args, "until", None)
+    return ReportOptions(
+        since=parse_time(since) if since else None,
+        until=parse_time(until) if until else None,
+        repo=getattr(args, "repo", None) or None,
+        thresholds=dict(settings.alerts.threshold_s),
+        slots=settings.scheduler.workers,
+    )
+
+
+async def run_report(args: argparse.Namespace, settings: Settings) -> Report:
+    """Build the report the arguments ask for; raises ConfigError, ReportError, StoreError."""
+    name = str(args.name)
+    options = options_from(args, settings)
+    engine: AsyncEngine | None = None
+
+    def engine_for() -> AsyncEngine:
+        nonlocal engine
+        if not settings.database_url:
+            raise ConfigError("DATABASE_URL is not set: reports read the queue database")
+        if engine is None:
+            engine = create_engine(
+                settings.database_url, pool_size=1, application_name="review-bot-report"
+            )
+        return engine
+
+    try:
+        if name == "compare":
+            if not args.before or not args.after:
+                raise ReportError("compare needs --before A and --after B")
+            before = await load_side(args.before, engine_for=engine_for, options=options)
+            after = await load_side(args.after, engine_for=engine_for, options=options)
+            return compare_summaries(before, after)
+        return await build_report(engine_for(), name, options)
+    finally:
+        if engine is not None:
+            await engine.dispose()
+
+
+def run_report_command(args: argparse.Namespace, settings: Settings) -> int:
+    """The `bot report` command: prints the report, returns the exit status."""
+    import sys
+
+    report = asyncio.run(run_report(args, settings))
+    output, notes = render_report(report, str(getattr(args, "format", "table") or "table"))
+    sys.stdout.write(output if output.endswith("\n") or not output else output + "\n")
+    for note in notes:
+        print(note, file=sys.stderr)
+    return 0
+
+
+__all__ = [
+    "REPORT_NAMES",
+    "Report",
+    "ReportError",
+    "ReportOptions",
+    "build_report",
+    "compare_summaries",
+    "render_report",
+    "run_report",
+    "run_report_command",
+    "success_verdict",
+]

@@ -1,0 +1,132 @@
+"""Every read the monitoring side makes (metrics, alerts, dashboard), named in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import TextClause, text
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bot.errors import StoreError, StoreUnavailable
+
+
+def _sql(statement: str) -> TextClause:
+    return text(statement)
+
+
+# Live jobs per level: not yet started (and ready), blocked on dependencies, running; and since
+# when the oldest ready job has waited for its first chunk.
+SELECT_QUEUE_JOBS = _sql(
+    """
+    SELECT level,
+           count(*) FILTER (WHERE state = 'queued' AND first_started_at IS NULL) AS waiting,
+           count(*) FILTER (WHERE state = 'waiting') AS blocked,
+           count(*) FILTER (WHERE state = 'running' OR first_started_at IS NOT NULL) AS running,
+           min(COALESCE(ready_at, enqueued_at))
+               FILTER (WHERE state = 'queued' AND first_started_at IS NULL) AS oldest_ready_at
+    FROM review_jobs
+    WHERE state IN ('waiting', 'queued', 'running')
+    GROUP BY level
+    """
+)
+
+# Chunks per level that can be taken now, and that are running (uses ix_review_chunks_load).
+SELECT_QUEUE_CHUNKS = _sql(
+    """
+    SELECT level,
+           count(*) FILTER (WHERE state = 'queued' AND available_at <= :now) AS ready,
+           count(*) FILTER (WHERE state = 'running') AS running
+    FROM review_chunks
+    WHERE state IN ('queued', 'running')
+    GROUP BY level
+    """
+)
+
+# Ready jobs that have not started and have not been alerted, ready since before `cutoff`.
+SELECT_ALERT_CANDIDATES = _sql(
+    """
+    SELECT j.id, j.forge, j.repo, j.number, j.level, j.ready_at
+    FROM review_jobs j
+    WHERE j.state = 'queued' AND j.first_started_at IS NULL
+      AND j.ready_at IS NOT NULL AND j.ready_at <= :cutoff
+      AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.job_id = j.id)
+    ORDER BY j.ready_at
+    LIMIT :limit
+    """
+)
+
+# Record an alert once per job across every process; no row back means another got there first.
+INSERT_ALERT = _sql(
+    """
+    INSERT INTO alerts (job_id, level, waited_s, threshold_s, fired_at, message)
+    VALUES (:job_id, :level, :waited_s, :threshold_s, :fired_at, :message)
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id
+    """
+)
+
+# The newest alerts, for the dashboard.
+SELECT_RECENT_ALERTS = _sql(
+    """
+    SELECT fired_at, job_id, forge, repo, number, level, waited_s, threshold_s, message, state
+    FROM report_alerts
+    ORDER BY fired_at DESC
+    LIMIT :limit
+    """
+)
+
+# Waits of jobs that started in a window, for the dashboard's charts.
+SELECT_STARTED_WAITS = _sql(
+    """
+    SELECT level, first_started_at, wait_s
+    FROM report_waits
+    WHERE wait_s IS NOT NULL AND first_started_at >= :since AND first_started_at <= :until
+    ORDER BY first_started_at
+    """
+)
+
+
+async def fetch_rows(
+    engine: AsyncEngine, statement: TextClause, params: Mapping[str, Any] | None = None
+) -> list[Row[Any]]:
+    """Run one read; raises StoreUnavailable when the database cannot be reached."""
+    try:
+        async with engine.connect() as conn:
+            result = await conn.execute(statement, dict(params or {}))
+            return list(result.all())
+    except (OperationalError, InterfaceError, OSError) as exc:
+        raise StoreUnavailable(f"database unavailable: {exc}") from exc
+    except DBAPIError as exc:
+        raise StoreError(f"query failed: {exc}") from exc
+
+
+async def write_rows(
+    engine: AsyncEngine, statement: TextClause, params: Mapping[str, Any]
+) -> list[Row[Any]]:
+    """Run one write in its own transaction and return its rows; raises StoreUnavailable."""
+    try:
+        async with engine.begin() as conn:
+            result = await conn.execute(statement, dict(params))
+            return list(result.all())
+    except (OperationalError, InterfaceError, OSError) as exc:
+        raise StoreUnavailable(f"database unavailable: {exc}") from exc
+    except DBAPIError as exc:
+        raise StoreError(f"write failed: {exc}") from exc
+
+
+async def insert_alerts(engine: AsyncEngine, rows: list[Mapping[str, Any]]) -> set[int]:
+    """Record alerts in one transaction; returns the job ids recorded now (not before)."""
+    recorded: set[int] = set()
+    try:
+        async with engine.begin() as conn:
+            for row in rows:
+                result = await conn.execute(INSERT_ALERT, dict(row))
+                recorded.update(int(r.job_id) for r in result.all())
+    except (OperationalError, InterfaceError, OSError) as exc:
+        raise StoreUnavailable(f"database unavailable: {exc}") from exc
+    except DBAPIError as exc:
+        raise StoreError(f"write failed: {exc}") from exc
+    return recorded

@@ -1,0 +1,179 @@
+"""The command inbox: recorded command deliveries claimed once, executed, and marked done."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import text
+
+from bot.queue.store import QueueStore
+
+# Intake records a command delivery with one of these outcomes (the worker has not run it).
+PENDING_OUTCOMES = ("command", "command_pending")
+RUNNING_OUTCOME = "command_running"
+DONE_OUTCOME = "command_done"
+FAILED_OUTCOME = "command_failed"
+
+# Claim pending command deliveries (and ones whose claimer died) for one worker, in one
+# statement; SKIP LOCKED keeps concurrent workers apart. Only deliveries received since
+# :since are looked at, so the scan stays on ix_webhook_deliveries_received_at.
+CLAIM_PENDING_COMMANDS = text(
+    """
+    UPDATE webhook_deliveries d
+    SET outcome = 'command_running',
+        detail = COALESCE(d.detail, '{}'::jsonb) || jsonb_build_object(
+            'claimed_by', CAST(:owner AS text),
+            'claimed_at', CAST(:now AS timestamptz),
+            'attempts', COALESCE(CAST(d.detail->>'attempts' AS int), 0) + 1)
+    WHERE d.id IN (
+        SELECT id FROM webhook_deliveries
+        WHERE received_at >= :since
+          AND (outcome IN ('command', 'command_pending')
+               OR (outcome = 'command_running'
+                   AND CAST(detail->>'claimed_at' AS timestamptz) < :stale_before))
+        ORDER BY id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING d.id, d.delivery_id, d.forge, d.received_at, d.detail
+    """
+)
+
+# Finish a delivery this worker holds: its outcome, the job it touched, what each command did.
+MARK_COMMAND_DONE = text(
+    """
+    UPDATE webhook_deliveries
+    SET outcome = :outcome, job_id = COALESCE(:job_id, job_id),
+        detail = COALESCE(detail, '{}'::jsonb) || CAST(:result AS jsonb)
+    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
+    RETURNING id
+    """
+)
+
+# Accepted raises by one user of one forge since midnight UTC (the per-day quota).
+COUNT_RAISES_TODAY = text(
+    """
+    SELECT count(*) FROM job_history
+    WHERE kind = 'command' AND actor = :actor AND at >= :since AND at <= :now
+      AND to_value = 'accepted' AND detail->>'raise' = 'true' AND detail->>'forge' = :forge
+    """
+)
+
+# Which commands of a delivery already ran (a claim taken over after a crash skips them).
+SELECT_EXECUTED_COMMANDS = text(
+    """
+    SELECT CAST(detail->>'index' AS int) AS command_index FROM job_history
+    WHERE kind = 'command' AND at >= :since AND detail->>'delivery_id' = :delivery_id
+    """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """A command delivery this worker now holds."""
+
+    id: int
+    delivery_id: str
+    forge: str
+    received_at: datetime
+    detail: Mapping[str, Any]
+
+    @property
+    def attempts(self) -> int:
+        return int(self.detail.get("attempts") or 1)
+
+
+def midnight_utc(now: datetime) -> datetime:
+    """Start of `now`'s day in UTC."""
+    moment = now.astimezone(UTC)
+    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+class CommandInbox:
+    """Command-delivery queries over the queue store's engine (its transactions and errors)."""
+
+    def __init__(self, store: QueueStore) -> None:
+        self.store = store
+
+    async def claim_pending_commands(
+        self, *, owner: str, now: datetime, limit: int, lease_s: float, max_age_s: float
+    ) -> list[ClaimedDelivery]:
+        """Take up to `limit` pending deliveries (or ones stuck past `lease_s`) for `owner`."""
+        async with self.store._transaction() as conn:
+            rows = (
+                await conn.execute(
+                    CLAIM_PENDING_COMMANDS,
+                    {
+                        "owner": owner,
+                        "now": now,
+                        "since": now - timedelta(seconds=max_age_s),
+                        "stale_before": now - timedelta(seconds=lease_s),
+                        "limit": limit,
+                    },
+                )
+            ).all()
+        return [
+            ClaimedDelivery(
+                id=row.id,
+                delivery_id=row.delivery_id,
+                forge=row.forge,
+                received_at=row.received_at,
+                detail=row.detail or {},
+            )
+            for row in sorted(rows, key=lambda row: row.id)
+        ]
+
+    async def mark_command_done(
+        self,
+        delivery: ClaimedDelivery,
+        *,
+        owner: str,
+        outcome: str,
+        result: Mapping[str, Any],
+        job_id: int | None,
+    ) -> bool:
+        """Record what the delivery's commands did; False when another worker took it over."""
+        async with self.store._transaction() as conn:
+            row = (
+                await conn.execute(
+                    MARK_COMMAND_DONE,
+                    {
+                        "id": delivery.id,
+                        "owner": owner,
+                        "outcome": outcome,
+                        "job_id": job_id,
+                        "result": json.dumps(dict(result), default=str),
+                    },
+                )
+            ).first()
+        return row is not None
+
+    async def count_raises_today(self, *, forge: str, actor: str, now: datetime) -> int:
+        """Accepted raises by `actor` on `forge` since midnight UTC of `now`."""
+        async with self.store._transaction() as conn:
+            value = (
+                await conn.execute(
+                    COUNT_RAISES_TODAY,
+                    {"actor": actor, "forge": forge, "since": midnight_utc(now), "now": now},
+                )
+            ).scalar_one()
+        return int(value)
+
+    async def executed_commands(self, delivery: ClaimedDelivery) -> set[int]:
+        """Indexes of this delivery's commands already in a job history."""
+        async with self.store._transaction() as conn:
+            rows = (
+                await conn.execute(
+                    SELECT_EXECUTED_COMMANDS,
+                    {
+                        "delivery_id": delivery.delivery_id,
+                        # the history is written by the worker's clock: allow for skew
+                        "since": delivery.received_at - timedelta(hours=1),
+                    },
+                )
+            ).all()
+        return {int(row.command_index) for row in rows if row.command_index is not None}

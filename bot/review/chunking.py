@@ -1,0 +1,246 @@
+"""Split a review into chunks, one LLM call each: files in order, grouped to a line budget."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bot.model import ChunkPlan, FileChange
+
+DEFAULT_LINE_BUDGET = 400
+
+# Returns a reason (or True) when the review leaves the file out, None/False to review it.
+SkipPredicate = Callable[[str, str | None], object]
+
+HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedFile:
+    """A file the review leaves out, and why (shown in the review summary)."""
+
+    path: str
+    reason: str
+    lines: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkingResult:
+    """The chunks of one review plus the files it skipped."""
+
+    chunks: tuple[ChunkPlan, ...]
+    skipped: tuple[SkippedFile, ...] = ()
+
+    @property
+    def total_lines(self) -> int:
+        return sum(chunk.lines for chunk in self.chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """A reviewable unit before packing: a whole file or a part of one."""
+
+    entry: dict[str, Any]
+    lines: int
+
+
+def _changed_count(body: Sequence[str]) -> int:
+    return sum(1 for line in body if line[:1] in ("+", "-"))
+
+
+def split_hunks(patch: str) -> list[str]:
+    """Split a unified diff (GitHub/GitLab `patch` text) into hunks, each starting at `@@`."""
+    hunks: list[list[str]] = []
+    preamble: list[str] = []
+    for line in patch.splitlines():
+        if line.startswith("@@"):
+            hunks.append([line])
+        elif hunks:
+            hunks[-1].append(line)
+        else:
+            preamble.append(line)
+    if not hunks:
+        return [patch] if patch else []
+    if preamble:
+        hunks[0] = preamble + hunks[0]
+    return ["\n".join(hunk) for hunk in hunks]
+
+
+def count_changed_lines(patch: str) -> int:
+    """Count added and removed lines of a unified diff, file headers excluded."""
+    return sum(
+        1
+        for line in patch.splitlines()
+        if line[:1] in ("+", "-") and not line.startswith(("+++ ", "--- "))
+    )
+
+
+def _split_large_hunk(hunk: str, budget: int) -> list[str]:
+    """Cut one hunk into parts of at most `budget` changed lines, each with a correct header."""
+    lines = hunk.splitlines()
+    header_index = next((i for i, line in enumerate(lines) if line.startswith("@@")), None)
+    if header_index is None:
+        return [hunk]
+    match = HUNK_HEADER.match(lines[header_index])
+    if match is None:
+        return [hunk]
+    preamble = lines[:header_index]
+    old_line = int(match.group(1))
+    new_line = int(match.group(3))
+    section = match.group(5)
+    body = lines[header_index + 1 :]
+    parts: list[str] = []
+    current: list[str] = []
+    changed = 0
+    old_start, new_start = old_line, new_line
+    old_count = new_count = 0
+
+    def close_part() -> None:
+        header = f"@@ -{old_start},{old_count} +{new_start},{new_count} @@{section}"
+        prefix = preamble if not parts else []
+        parts.append("\n".join([*prefix, header, *current]))
+
+    for line in body:
+        kind = line[:1]
+        if kind in ("+", "-") and changed >= budget:
+            close_part()
+            current = []
+            changed = 0
+            old_start, new_start = old_line, new_line
+            old_count = new_count = 0
+        current.append(line)
+        if kind == "+":
+            new_line += 1
+            new_count += 1
+            changed += 1
+        elif kind == "-":
+            old_line += 1
+            old_count += 1
+            changed += 1
+        elif kind != "\\":
+            old_line += 1
+            new_line += 1
+            old_count += 1
+            new_count += 1
+    if current or not parts:
+        close_part()
+    return parts
+
+
+def _split_patch(patch: str, budget: int) -> list[tuple[str, int]]:
+    """Group a file's hunks into parts of at most `budget` changed lines (big hunks are cut)."""
+    units: list[tuple[str, int]] = []
+    for hunk in split_hunks(patch):
+        changed = count_changed_lines(hunk)
+        if changed > budget:
+            units.extend(
+                (part, count_changed_lines(part)) for part in _split_large_hunk(hunk, budget)
+            )
+        else:
+            units.append((hunk, changed))
+    total = sum(lines for _, lines in units)
+    target = total / max(1, math.ceil(total / budget))
+    parts: list[tuple[list[str], int]] = []
+    for text, lines in units:
+        if parts and (parts[-1][1] + lines <= budget) and parts[-1][1] < target:
+            parts[-1][0].append(text)
+            parts[-1] = (parts[-1][0], parts[-1][1] + lines)
+        else:
+            parts.append(([text], lines))
+    return [("\n".join(texts), lines) for texts, lines in parts]
+
+
+def _even_split(lines: int, budget: int) -> list[int]:
+    """Split a count into the fewest nearly equal parts of at most `budget`."""
+    count = max(1, math.ceil(lines / budget))
+    base, extra = divmod(lines, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+def _pack(pieces: Sequence[_Piece], budget: int) -> tuple[ChunkPlan, ...]:
+    """Group pieces in order into chunks of at most `budget` lines (a larger piece stands alone)."""
+    chunks: list[ChunkPlan] = []
+    current: list[Mapping[str, Any]] = []
+    current_lines = 0
+    for piece in pieces:
+        if current and current_lines + piece.lines > budget:
+            chunks.append(ChunkPlan(files=tuple(current), lines=current_lines))
+            current, current_lines = [], 0
+        current.append(piece.entry)
+        current_lines += piece.lines
+    if current:
+        chunks.append(ChunkPlan(files=tuple(current), lines=current_lines))
+    return tuple(chunks)
+
+
+def _skip_reason(skip: SkipPredicate | None, change: FileChange) -> str | None:
+    if skip is None:
+        return None
+    verdict = skip(change.path, change.patch)
+    if not verdict:
+        return None
+    return verdict if isinstance(verdict, str) else "skipped"
+
+
+def plan_chunks(
+    files: Sequence[FileChange],
+    *,
+    line_budget: int = DEFAULT_LINE_BUDGET,
+    skip: SkipPredicate | None = None,
+) -> ChunkingResult:
+    """Chunk a review's changed files; `skip(path, patch)` names files to leave out."""
+    if line_budget < 1:
+        raise ValueError(f"line_budget must be at least 1, got {line_budget}")
+    pieces: list[_Piece] = []
+    skipped: list[SkippedFile] = []
+    for index, change in enumerate(files):
+        reason = _skip_reason(skip, change)
+        if reason is not None:
+            skipped.append(SkippedFile(change.path, reason, change.changed_lines))
+            continue
+        base: dict[str, Any] = {"index": index, "path": change.path, "status": change.status}
+        if change.previous_path is not None:
+            base["previous_path"] = change.previous_path
+        lines = count_changed_lines(change.patch) if change.patch else change.changed_lines
+        if change.patch and lines > line_budget:
+            parts = _split_patch(change.patch, line_budget)
+            for number, (text, part_lines) in enumerate(parts, start=1):
+                entry = {**base, "lines": part_lines, "patch": text}
+                entry.update(part=number, parts=len(parts))
+                pieces.append(_Piece(entry, part_lines))
+        elif change.patch is None and lines > line_budget:
+            counts = _even_split(lines, line_budget)
+            for number, part_lines in enumerate(counts, start=1):
+                entry = {**base, "lines": part_lines, "part": number, "parts": len(counts)}
+                pieces.append(_Piece(entry, part_lines))
+        else:
+            pieces.append(_Piece({**base, "lines": lines, "patch": change.patch}, lines))
+    return ChunkingResult(chunks=_pack(pieces, line_budget), skipped=tuple(skipped))
+
+
+def plan_chunks_from_lines(
+    file_lines: Sequence[int], *, line_budget: int = DEFAULT_LINE_BUDGET
+) -> ChunkingResult:
+    """Chunk a review known only by changed lines per file (a trace's `file_lines`)."""
+    if line_budget < 1:
+        raise ValueError(f"line_budget must be at least 1, got {line_budget}")
+    pieces: list[_Piece] = []
+    for index, lines in enumerate(file_lines):
+        if lines < 0:
+            raise ValueError(f"file {index} has a negative line count: {lines}")
+        counts = _even_split(lines, line_budget) if lines > line_budget else [lines]
+        for number, part_lines in enumerate(counts, start=1):
+            entry: dict[str, Any] = {"index": index, "lines": part_lines}
+            if len(counts) > 1:
+                entry.update(part=number, parts=len(counts))
+            pieces.append(_Piece(entry, part_lines))
+    return ChunkingResult(chunks=_pack(pieces, line_budget))
+
+
+def plan_single_chunk(file_lines: Sequence[int]) -> ChunkingResult:
+    """The whole review as one call (fifo and priority policies: no time slicing)."""
+    entries = tuple({"index": i, "lines": n} for i, n in enumerate(file_lines))
+    return ChunkingResult(chunks=(ChunkPlan(files=entries, lines=sum(file_lines)),))

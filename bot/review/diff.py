@@ -1,0 +1,175 @@
+"""Unified diff hunks: which (path, side, line) positions a chunk's diff really contains."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Side = Literal["RIGHT", "LEFT"]
+SIDES: tuple[Side, ...] = ("RIGHT", "LEFT")
+
+HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class DiffLine:
+    """One line of a hunk: `kind` is '+', '-' or ' '; line numbers of the side(s) it exists on."""
+
+    kind: str
+    text: str
+    old_line: int | None
+    new_line: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Hunk:
+    """One `@@` hunk of a file's diff."""
+
+    header: str
+    old_start: int
+    old_count: int
+    new_start: int
+    new_count: int
+    lines: tuple[DiffLine, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FileDiff:
+    """A file of a chunk with its parsed hunks."""
+
+    path: str
+    status: str
+    additions: int
+    deletions: int
+    patch: str | None
+    hunks: tuple[Hunk, ...]
+
+
+def parse_hunks(patch: str | None) -> tuple[Hunk, ...]:
+    """Parse the `@@` hunks of one file's unified diff; text before the first hunk is ignored."""
+    if not patch:
+        return ()
+    hunks: list[Hunk] = []
+    header: re.Match[str] | None = None
+    lines: list[DiffLine] = []
+    old_line = new_line = 0
+
+    def close() -> None:
+        if header is not None:
+            hunks.append(
+                Hunk(
+                    header=header.group(0),
+                    old_start=int(header.group(1)),
+                    old_count=int(header.group(2) or "1"),
+                    new_start=int(header.group(3)),
+                    new_count=int(header.group(4) or "1"),
+                    lines=tuple(lines),
+                )
+            )
+
+    for raw in patch.splitlines():
+        match = HUNK_HEADER.match(raw)
+        if match:
+            close()
+            header, lines = match, []
+            old_line, new_line = int(match.group(1)), int(match.group(3))
+            continue
+        if header is None or raw.startswith("\\"):
+            continue  # preamble (diff --git, ---, +++) or "\ No newline at end of file"
+        kind, text = (raw[0], raw[1:]) if raw else (" ", "")
+        if kind == "+":
+            lines.append(DiffLine("+", text, None, new_line))
+            new_line += 1
+        elif kind == "-":
+            lines.append(DiffLine("-", text, old_line, None))
+            old_line += 1
+        elif kind == " ":
+            lines.append(DiffLine(" ", text, old_line, new_line))
+            old_line += 1
+            new_line += 1
+        # anything else (a new "diff --git" preamble) is not part of a hunk
+    close()
+    return tuple(hunks)
+
+
+def file_value(file: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
+    """Read a field from a file mapping or a FileChange-like object."""
+    if isinstance(file, Mapping):
+        return file.get(key, default)
+    return getattr(file, key, default)
+
+
+def parse_files(files: Iterable[Mapping[str, Any] | Any]) -> tuple[FileDiff, ...]:
+    """Parse every file of a chunk (mappings {path, patch, additions, deletions, status})."""
+    parsed: list[FileDiff] = []
+    for file in files:
+        patch = file_value(file, "patch")
+        text = patch if isinstance(patch, str) else None
+        hunks = parse_hunks(text)
+        additions, deletions = count_changes(file, hunks)
+        parsed.append(
+            FileDiff(
+                path=str(file_value(file, "path", "")),
+                status=str(file_value(file, "status", "modified") or "modified"),
+                additions=additions,
+                deletions=deletions,
+                patch=text,
+                hunks=hunks,
+            )
+        )
+    return tuple(parsed)
+
+
+def count_changes(file: Mapping[str, Any] | Any, hunks: Iterable[Hunk]) -> tuple[int, int]:
+    """(additions, deletions) as given, else counted from the hunks (chunker parts carry none)."""
+    additions = file_value(file, "additions")
+    deletions = file_value(file, "deletions")
+    if additions is not None and deletions is not None:
+        return int(additions), int(deletions)
+    added = removed = 0
+    for hunk in hunks:
+        for line in hunk.lines:
+            added += line.kind == "+"
+            removed += line.kind == "-"
+    return added, removed
+
+
+def file_lines(file: Mapping[str, Any] | Any) -> int:
+    """Changed lines of a chunk file: its `lines` field, else additions + deletions."""
+    lines = file_value(file, "lines")
+    if lines is not None:
+        return int(lines)
+    patch = file_value(file, "patch")
+    additions, deletions = count_changes(
+        file, parse_hunks(patch if isinstance(patch, str) else None)
+    )
+    return additions + deletions
+
+
+def commentable_positions(
+    files: Iterable[Mapping[str, Any] | Any],
+) -> frozenset[tuple[str, Side, int]]:
+    """(path, side, line) positions a review comment may point at in these files' hunks."""
+    positions: set[tuple[str, Side, int]] = set()
+    for file in parse_files(files):
+        for hunk in file.hunks:
+            for line in hunk.lines:
+                if line.new_line is not None:
+                    positions.add((file.path, "RIGHT", line.new_line))
+                if line.old_line is not None:
+                    positions.add((file.path, "LEFT", line.old_line))
+    return frozenset(positions)
+
+
+def changed_lines(file: FileDiff) -> tuple[tuple[Side, int, str], ...]:
+    """Added lines as (RIGHT, new line, text) and deleted ones as (LEFT, old line, text)."""
+    found: list[tuple[Side, int, str]] = []
+    for hunk in file.hunks:
+        for line in hunk.lines:
+            if line.kind == "+" and line.new_line is not None:
+                found.append(("RIGHT", line.new_line, line.text))
+            elif line.kind == "-" and line.old_line is not None:
+                found.append(("LEFT", line.old_line, line.text))
+    return tuple(found)

@@ -1,0 +1,196 @@
+"""Review one chunk: prompt, LLM call, parse; one stricter retry, then record it as unparsable."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
+from bot.review.diff import commentable_positions, file_lines, file_value
+from bot.review.parse import (
+    MAX_BODY_CHARS,
+    MAX_FINDINGS_PER_CHUNK,
+    Finding,
+    ParsedChunk,
+    build_retry_reminder,
+    parse_review,
+)
+from bot.review.prompts import build_messages, review_schema
+
+logger = logging.getLogger(__name__)
+
+ParseStatus = Literal["ok", "repaired", "unparsable"]
+RESULT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens, latency and GPU seconds summed over a chunk's attempts."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    gpu_seconds: float = 0.0
+
+    def add(self, response: LLMResponse) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + response.prompt_tokens,
+            completion_tokens=self.completion_tokens + response.completion_tokens,
+            latency_s=self.latency_s + response.latency_s,
+            gpu_seconds=self.gpu_seconds + response.gpu_seconds,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "latency_s": self.latency_s,
+            "gpu_seconds": self.gpu_seconds,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkReview:
+    """What one chunk's review produced; `to_result()` is what the chunk row stores."""
+
+    paths: tuple[str, ...]
+    findings: tuple[Finding, ...]
+    summary: str
+    status: ParseStatus
+    attempts: int
+    usage: Usage
+    dropped: int = 0
+    drop_reasons: Mapping[str, int] = field(default_factory=dict)
+    error: str | None = None
+    workers: tuple[str, ...] = ()
+    lines: int = 0
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.usage.gpu_seconds
+
+    def to_result(self) -> dict[str, Any]:
+        """A JSON-serializable dict (inverse: from_result)."""
+        return {
+            "version": RESULT_VERSION,
+            "status": self.status,
+            "paths": list(self.paths),
+            "lines": self.lines,
+            "findings": [finding.to_dict() for finding in self.findings],
+            "summary": self.summary,
+            "attempts": self.attempts,
+            "dropped": self.dropped,
+            "drop_reasons": dict(self.drop_reasons),
+            "error": self.error,
+            "workers": list(self.workers),
+            "usage": self.usage.to_dict(),
+        }
+
+    @classmethod
+    def from_result(cls, data: Mapping[str, Any]) -> ChunkReview:
+        """Rebuild from a stored result; raises ValueError/KeyError on a foreign shape."""
+        status = data["status"]
+        if status not in ("ok", "repaired", "unparsable"):
+            raise ValueError(f"unknown chunk status {status!r}")
+        usage = data.get("usage") or {}
+        return cls(
+            paths=tuple(str(path) for path in data.get("paths", ())),
+            findings=tuple(Finding.from_dict(item) for item in data.get("findings", ())),
+            summary=str(data.get("summary", "")),
+            status=status,
+            attempts=int(data.get("attempts", 1)),
+            usage=Usage(
+                prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                completion_tokens=int(usage.get("completion_tokens", 0)),
+                latency_s=float(usage.get("latency_s", 0.0)),
+                gpu_seconds=float(usage.get("gpu_seconds", 0.0)),
+            ),
+            dropped=int(data.get("dropped", 0)),
+            drop_reasons={str(k): int(v) for k, v in (data.get("drop_reasons") or {}).items()},
+            error=data.get("error"),
+            workers=tuple(str(worker) for worker in data.get("workers", ())),
+            lines=int(data.get("lines", 0)),
+        )
+
+
+async def review_chunk(
+    backend: LLMBackend,
+    chunk_files: Sequence[Mapping[str, Any] | Any],
+    *,
+    level: int,
+    metadata: Mapping[str, Any] | None = None,
+    instructions: str | None = None,
+    max_tokens: int = 1024,
+    temperature: float = 0.0,
+    max_findings: int = MAX_FINDINGS_PER_CHUNK,
+    max_body_chars: int = MAX_BODY_CHARS,
+) -> ChunkReview:
+    """Review one chunk; bot.errors.LLMError from the backend propagates (the chunk is retried)."""
+    files = list(chunk_files)
+    positions = commentable_positions(files)
+    paths = tuple(str(file_value(file, "path", "")) for file in files)
+    lines = sum(file_lines(file) for file in files)
+    context = dict(metadata or {})
+    context.setdefault("lines", lines)
+    schema = review_schema(paths, max_findings=max_findings)
+    usage = Usage()
+    workers: list[str] = []
+    reminder: str | None = None
+    parsed: ParsedChunk | None = None
+    first_error: str | None = None
+    attempts = 0
+    for attempt in (1, 2):
+        attempts = attempt
+        request = LLMRequest(
+            messages=build_messages(files, instructions=instructions, reminder=reminder),
+            max_tokens=max_tokens,
+            temperature=temperature,
+            priority=int(level),
+            metadata={**context, "attempt": attempt},
+            response_schema=schema,
+        )
+        response = await backend.complete(request)
+        usage = usage.add(response)
+        workers.append(response.worker)
+        parsed = parse_review(
+            response.text, positions, max_findings=max_findings, max_body_chars=max_body_chars
+        )
+        if parsed.ok:
+            break
+        first_error = first_error or parsed.error
+        logger.info(
+            "chunk answer broke the output contract (attempt %s): %s",
+            attempt,
+            parsed.error,
+            extra={"action": "review_unparsable", "job_id": context.get("job_id")},
+        )
+        reminder = build_retry_reminder(parsed.error or "invalid answer")
+    assert parsed is not None
+    if not parsed.ok:
+        return ChunkReview(
+            paths=paths,
+            findings=(),
+            summary="",
+            status="unparsable",
+            attempts=attempts,
+            usage=usage,
+            error=f"unparsable after {attempts} attempts: {parsed.error}",
+            workers=tuple(workers),
+            lines=lines,
+        )
+    return ChunkReview(
+        paths=paths,
+        findings=parsed.findings,
+        summary=parsed.summary,
+        status="ok" if attempts == 1 else "repaired",
+        attempts=attempts,
+        usage=usage,
+        dropped=parsed.dropped,
+        drop_reasons=dict(Counter(parsed.drop_reasons)),
+        error=None if attempts == 1 else f"first answer unusable: {first_error}",
+        workers=tuple(workers),
+        lines=lines,
+    )

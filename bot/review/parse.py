@@ -1,0 +1,264 @@
+"""Check a model's review output against the output contract and the chunk's real diff lines."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.review.diff import SIDES, Side
+
+MAX_FINDINGS_PER_CHUNK = 20
+MAX_BODY_CHARS = 2_000
+MAX_SUMMARY_CHARS = 1_000
+MAX_PATH_CHARS = 1_000
+
+SEVERITIES: tuple[str, ...] = ("critical", "major", "minor", "info")
+SEVERITY_RANK: Mapping[str, int] = {name: rank for rank, name in enumerate(SEVERITIES)}
+SEVERITY_ALIASES: Mapping[str, str] = {
+    "blocker": "critical",
+    "high": "major",
+    "error": "major",
+    "medium": "minor",
+    "warning": "minor",
+    "warn": "minor",
+    "low": "info",
+    "nit": "info",
+    "note": "info",
+    "suggestion": "info",
+}
+
+CODE_SPAN = re.compile(r"(```.*?(?:```|\Z)|`[^`\n]*`)", re.DOTALL)
+HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
+MENTION = re.compile(r"(?<![\w`@/])@([A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:/[A-Za-z0-9_-]+)?)")
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One review comment on one line of the diff."""
+
+    path: str
+    line: int
+    side: Side
+    severity: str
+    body: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "line": self.line,
+            "side": self.side,
+            "severity": self.severity,
+            "body": self.body,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        side = data["side"]
+        if side not in SIDES:
+            raise ValueError(f"bad side {side!r}")
+        return cls(
+            path=str(data["path"]),
+            line=int(data["line"]),
+            side=side,
+            severity=str(data["severity"]),
+            body=str(data["body"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedChunk:
+    """Findings that survived checking, the chunk summary, what was dropped, and any error."""
+
+    findings: tuple[Finding, ...]
+    summary: str
+    dropped: int
+    error: str | None
+    drop_reasons: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def sanitize_text(text: str, *, max_chars: int) -> str:
+    """Model text made safe to post: no HTML comments or tags, no @-pings, bounded length."""
+    text = CONTROL.sub("", text.replace("\r\n", "\n")).strip()
+    pieces: list[str] = []
+    position = 0
+    for match in CODE_SPAN.finditer(text):
+        pieces.append(clean_prose(text[position : match.start()]))
+        pieces.append(match.group(0))  # inside code nothing renders as HTML or pings anyone
+        position = match.end()
+    pieces.append(clean_prose(text[position:]))
+    cleaned = "".join(pieces).strip()
+    if len(cleaned) > max_chars:
+        cleaned = cleaned[: max_chars - 1].rstrip() + "…"
+        if cleaned.count("```") % 2:
+            cleaned = cleaned[: max_chars - 5].rstrip() + "\n```…"
+    return cleaned
+
+
+def clean_prose(text: str) -> str:
+    """Outside code: drop HTML comments, escape '<' so no raw HTML renders, defuse @mentions."""
+    text = HTML_COMMENT.sub("", text)
+    text = text.replace("<", "&lt;")
+    return MENTION.sub(lambda match: f"`@{match.group(1)}`", text)
+
+
+def extract_json_object(text: str) -> Any:
+    """The first JSON object in `text`, tolerating code fences and prose around it; else None."""
+    decoder = json.JSONDecoder()
+    position = text.find("{")
+    while position != -1:
+        try:
+            value, _ = decoder.raw_decode(text, position)
+        except ValueError:
+            position = text.find("{", position + 1)
+            continue
+        if isinstance(value, dict):
+            return value
+        position = text.find("{", position + 1)
+    return None
+
+
+def normalize_severity(value: Any) -> str | None:
+    """A contract severity, from the value or a common alias; None if unrecognizable."""
+    if value is None:
+        return "minor"
+    if not isinstance(value, str):
+        return None
+    lowered = value.strip().lower()
+    if lowered in SEVERITY_RANK:
+        return lowered
+    return SEVERITY_ALIASES.get(lowered)
+
+
+def normalize_line(value: Any) -> int | None:
+    """A positive line number from an int or a digit string."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+        return number if number > 0 else None
+    return None
+
+
+def resolve_path(value: Any, paths: Collection[str]) -> str | None:
+    """The chunk path a finding names, accepting git's a/ or b/ prefixes and a leading ./"""
+    if not isinstance(value, str) or not value or len(value) > MAX_PATH_CHARS:
+        return None
+    candidates = [value.strip()]
+    for prefix in ("a/", "b/", "./", "/"):
+        if candidates[0].startswith(prefix):
+            candidates.append(candidates[0][len(prefix) :])
+    for candidate in candidates:
+        if candidate in paths:
+            return candidate
+    return None
+
+
+def check_finding(
+    item: Any,
+    positions: Collection[tuple[str, Side, int]],
+    paths: Collection[str],
+    *,
+    max_body_chars: int,
+) -> Finding | str:
+    """A Finding, or the reason the item is dropped."""
+    if not isinstance(item, Mapping):
+        return "not_an_object"
+    path = resolve_path(item.get("path"), paths)
+    if path is None:
+        return "unknown_path"
+    line = normalize_line(item.get("line"))
+    if line is None:
+        return "bad_line"
+    raw_side = item.get("side")
+    side: Side
+    if raw_side is None:
+        # No side given: an added/context line is on the right; else a deleted line on the left.
+        side = "RIGHT" if (path, "RIGHT", line) in positions else "LEFT"
+    elif isinstance(raw_side, str) and raw_side.strip().upper() in SIDES:
+        side = "RIGHT" if raw_side.strip().upper() == "RIGHT" else "LEFT"
+    else:
+        return "bad_side"
+    if (path, side, line) not in positions:
+        return "line_not_in_diff"
+    severity = normalize_severity(item.get("severity"))
+    if severity is None:
+        return "bad_severity"
+    body_value = item.get("body", item.get("comment", item.get("message")))
+    if not isinstance(body_value, str):
+        return "no_body"
+    body = sanitize_text(body_value, max_chars=max_body_chars)
+    if not body:
+        return "no_body"
+    return Finding(path=path, line=line, side=side, severity=severity, body=body)
+
+
+def parse_review(
+    text: str,
+    positions: Collection[tuple[str, Side, int]],
+    *,
+    max_findings: int = MAX_FINDINGS_PER_CHUNK,
+    max_body_chars: int = MAX_BODY_CHARS,
+) -> ParsedChunk:
+    """Check the model's answer; findings off the diff's lines are dropped and counted."""
+    document = extract_json_object(text)
+    if document is None:
+        return ParsedChunk((), "", 0, "no JSON object in the answer")
+    raw_findings = document.get("findings")
+    if raw_findings is None and "comments" in document:
+        raw_findings = document["comments"]
+    if not isinstance(raw_findings, list):
+        return ParsedChunk((), "", 0, 'the JSON object has no "findings" list')
+    summary_value = document.get("summary", "")
+    if summary_value is not None and not isinstance(summary_value, str):
+        return ParsedChunk((), "", 0, '"summary" is not a string')
+    summary = sanitize_text(summary_value or "", max_chars=MAX_SUMMARY_CHARS)
+    paths = {path for path, _, _ in positions}
+    reasons: Counter[str] = Counter()
+    kept: dict[tuple[str, str, int, str], Finding] = {}
+    for item in raw_findings:
+        checked = check_finding(item, positions, paths, max_body_chars=max_body_chars)
+        if isinstance(checked, str):
+            reasons[checked] += 1
+            continue
+        key = (checked.path, checked.side, checked.line, checked.body)
+        if key in kept:
+            reasons["duplicate"] += 1
+            continue
+        kept[key] = checked
+    ordered = sorted(
+        kept.values(), key=lambda f: (SEVERITY_RANK[f.severity], f.path, f.line, f.side)
+    )
+    if len(ordered) > max_findings:
+        reasons["over_cap"] += len(ordered) - max_findings
+        ordered = ordered[:max_findings]
+    ordered.sort(key=lambda f: (f.path, f.line, f.side))
+    return ParsedChunk(
+        findings=tuple(ordered),
+        summary=summary,
+        dropped=sum(reasons.values()),
+        error=None,
+        drop_reasons=dict(sorted(reasons.items())),
+    )
+
+
+def build_retry_reminder(error: str) -> str:
+    """The stricter reminder appended to the user turn when the first answer broke the contract."""
+    return (
+        f"IMPORTANT: your previous answer could not be used ({error}). Reply again with ONLY one "
+        'JSON object of the form {"findings": [...], "summary": "..."} exactly as the output '
+        "contract says: no prose, no code fence, no text before or after the object. Every "
+        'finding needs "path", "line" (an integer from the diff), "side", "severity" and "body".'
+    )

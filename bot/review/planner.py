@@ -1,0 +1,296 @@
+"""Plan review jobs: fetch the diff from the forge, chunk it, re-evaluate the policy, store it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from bot.errors import ForgeError, ForgeNotFound
+from bot.forges.base import ForgeClient, PullChanges
+from bot.model import ChunkPlan, Job, JobState, PolicyDecision, ReviewRequest
+from bot.policy import PolicyBook, evaluate
+from bot.queue.store import QueueStore
+from bot.review.assemble import classify_skipped_file
+from bot.review.chunking import DEFAULT_LINE_BUDGET, plan_chunks
+from bot.sched.mlfq import ServiceEstimator, rank_chunks
+
+log = logging.getLogger(__name__)
+
+PlanningResult = Literal["planned", "deferred", "cancelled", "failed"]
+REQUEST_FIELDS = frozenset(ReviewRequest.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanningSettings:
+    """Chunk size and how planning retries a forge that fails."""
+
+    line_budget: int = DEFAULT_LINE_BUDGET
+    max_attempts: int = 5
+    backoff_s: float = 15.0
+    max_backoff_s: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewPlan:
+    """A job's chunks and ranks, what it skips and why, and the policy's second look."""
+
+    chunks: tuple[ChunkPlan, ...]
+    ranks: tuple[float, ...]
+    skipped: tuple[Mapping[str, Any], ...]
+    decision: PolicyDecision | None
+    files_changed: int
+    additions: int
+    deletions: int
+    diff: Mapping[str, Any]
+
+    @property
+    def details(self) -> dict[str, Any]:
+        """What the job's stored request keeps of the plan (the poster reads it back)."""
+        return {"skipped": [dict(item) for item in self.skipped], "diff": dict(self.diff)}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanningOutcome:
+    """What planning did to one job."""
+
+    job_id: int
+    result: PlanningResult
+    chunks: int = 0
+    skipped: int = 0
+    detail: str = ""
+
+
+def request_of(job: Job) -> ReviewRequest | None:
+    """The job's stored ReviewRequest, or None when the job carries no usable request."""
+    known = {name: value for name, value in job.request.items() if name in REQUEST_FIELDS}
+    try:
+        known["labels"] = tuple(known.get("labels") or ())
+        known["depends_on_refs"] = tuple(known.get("depends_on_refs") or ())
+        return ReviewRequest(**known)
+    except TypeError:
+        return None
+
+
+def reevaluate(
+    book: PolicyBook | None,
+    job: Job,
+    *,
+    files_changed: int,
+    additions: int,
+    deletions: int,
+) -> PolicyDecision | None:
+    """The policy's decision with the sizes the diff showed (GitLab hooks carry none)."""
+    if book is None:
+        return None
+    request = request_of(job)
+    if request is None:
+        return None
+    sized = replace(request, files_changed=files_changed, additions=additions, deletions=deletions)
+    return evaluate(book.policy_for(job.repo), sized)
+
+
+def build_review_plan(
+    job: Job,
+    changes: PullChanges,
+    book: PolicyBook | None,
+    *,
+    line_budget: int = DEFAULT_LINE_BUDGET,
+    estimator: ServiceEstimator | None = None,
+) -> ReviewPlan:
+    """Chunk a fetched diff, list skipped files with reasons, rank the chunks (pure)."""
+    result = plan_chunks(changes.files, line_budget=line_budget, skip=classify_skipped_file)
+    skipped: list[Mapping[str, Any]] = [
+        {"path": item.path, "reason": item.reason, "lines": item.lines} for item in result.skipped
+    ]
+    if changes.truncated:
+        listed = len(changes.files)
+        total = changes.total_files if changes.total_files is not None else f"more than {listed}"
+        skipped.append(
+            {"path": f"({total} files; {listed} listed)", "reason": "over_limit", "lines": 0}
+        )
+    additions = sum(change.additions for change in changes.files)
+    deletions = sum(change.deletions for change in changes.files)
+    files_changed = changes.total_files or len(changes.files)
+    lines = [chunk.lines for chunk in result.chunks]
+    ranks = rank_chunks(lines, estimator=estimator or ServiceEstimator.with_prior())
+    return ReviewPlan(
+        chunks=result.chunks,
+        ranks=ranks,
+        skipped=tuple(skipped),
+        decision=reevaluate(
+            book, job, files_changed=files_changed, additions=additions, deletions=deletions
+        ),
+        files_changed=files_changed,
+        additions=additions,
+        deletions=deletions,
+        diff={
+            "base_sha": changes.base_sha,
+            "start_sha": changes.start_sha,
+            "head_sha": changes.head_sha,
+            "truncated": changes.truncated,
+            "total_files": changes.total_files,
+        },
+    )
+
+
+def planning_backoff(tries: int, error: ForgeError, settings: PlanningSettings) -> float:
+    """Seconds before the next try: the forge's Retry-After, else doubling from backoff_s."""
+    if error.retry_after is not None:
+        return max(error.retry_after, 0.0)
+    return float(min(settings.max_backoff_s, settings.backoff_s * 2 ** max(tries - 1, 0)))
+
+
+async def plan_one_job(
+    store: QueueStore,
+    forges: Mapping[str, ForgeClient],
+    book: PolicyBook | None,
+    job: Job,
+    *,
+    now: datetime,
+    estimator: ServiceEstimator | None = None,
+    settings: PlanningSettings | None = None,
+) -> PlanningOutcome:
+    """Plan one job; forge errors end it (404: cancelled) or defer it with a bounded backoff."""
+    settings = settings or PlanningSettings()
+    context = {"job_id": job.id, "forge": job.forge}
+    client = forges.get(job.forge)
+    if client is None:
+        error = f"no {job.forge} client is configured (set its URL and token)"
+        await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error, actor="planner")
+        log.error("job %s: %s", job.id, error, extra={"action": "plan_failed", **context})
+        return PlanningOutcome(job.id, "failed", detail=error)
+    try:
+        changes = await client.fetch_changes(
+            job.repo,
+            job.number,
+            project_id=job.request.get("project_id"),
+            installation_id=job.request.get("installation_id"),
+        )
+    except ForgeNotFound as exc:
+        reason = f"the change is gone on {job.forge}: {exc}"
+        await store.finish_job(
+            job.id, now=now, state=JobState.CANCELLED, error=reason, actor="planner"
+        )
+        log.warning(
+            "job %s cancelled: %s", job.id, reason, extra={"action": "plan_gone", **context}
+        )
+        return PlanningOutcome(job.id, "cancelled", detail=reason)
+    except ForgeError as exc:
+        return await _defer_or_fail(store, job, exc, now=now, settings=settings)
+    try:
+        plan = build_review_plan(
+            job, changes, book, line_budget=settings.line_budget, estimator=estimator
+        )
+    except ValueError as exc:
+        error = f"the diff cannot be chunked: {exc}"
+        await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error, actor="planner")
+        log.error("job %s: %s", job.id, error, extra={"action": "plan_failed", **context})
+        return PlanningOutcome(job.id, "failed", detail=error)
+    if plan.decision is not None and not plan.decision.review:
+        reason = "policy, with the diff's size known: " + "; ".join(plan.decision.reasons)
+        await store.finish_job(
+            job.id, now=now, state=JobState.CANCELLED, error=reason, actor="policy"
+        )
+        return PlanningOutcome(job.id, "cancelled", detail=reason)
+    stored = await store.plan_job(
+        job.id,
+        plan.chunks,
+        now=now,
+        decision=plan.decision,
+        rank=plan.ranks,
+        files_changed=plan.files_changed,
+        additions=plan.additions,
+        deletions=plan.deletions,
+        details=plan.details,
+    )
+    if not stored:
+        return PlanningOutcome(job.id, "planned", detail="planned already by another process")
+    log.info(
+        "job %s planned: %d chunks, %d files skipped",
+        job.id,
+        len(plan.chunks),
+        len(plan.skipped),
+        extra={"action": "job_planned", **context},
+    )
+    return PlanningOutcome(job.id, "planned", chunks=len(plan.chunks), skipped=len(plan.skipped))
+
+
+async def _defer_or_fail(
+    store: QueueStore,
+    job: Job,
+    error: ForgeError,
+    *,
+    now: datetime,
+    settings: PlanningSettings,
+) -> PlanningOutcome:
+    context = {"job_id": job.id, "forge": job.forge}
+    message = f"fetching the diff failed: {error}"
+    if error.retryable:
+        tries = int(job.request.get("planning_attempts") or 0) + 1
+        if tries < settings.max_attempts:
+            delay = planning_backoff(tries, error, settings)
+            recorded = await store.defer_job(
+                job.id,
+                now=now,
+                retry_at=now + timedelta(seconds=delay),
+                error=message,
+                kind="planning",
+            )
+            log.warning(
+                "job %s: %s; try %d of %d again in %.0f s",
+                job.id,
+                message,
+                tries,
+                settings.max_attempts,
+                delay,
+                extra={"action": "plan_deferred", **context},
+            )
+            return PlanningOutcome(job.id, "deferred", detail=f"{message} (try {recorded})")
+        message = f"{message} (gave up after {tries} tries)"
+    await store.finish_job(job.id, now=now, state=JobState.FAILED, error=message, actor="planner")
+    log.error("job %s failed: %s", job.id, message, extra={"action": "plan_failed", **context})
+    return PlanningOutcome(job.id, "failed", detail=message)
+
+
+async def plan_next_jobs(
+    store: QueueStore,
+    forges: Mapping[str, ForgeClient],
+    policy: PolicyBook | None,
+    *,
+    now: datetime,
+    limit: int = 10,
+    estimator: ServiceEstimator | None = None,
+    settings: PlanningSettings | None = None,
+) -> list[PlanningOutcome]:
+    """Plan up to `limit` unplanned jobs (their retry time reached); returns what happened."""
+    return [
+        await plan_one_job(
+            store, forges, policy, job, now=now, estimator=estimator, settings=settings
+        )
+        for job in await store.fetch_unplanned_jobs(now=now, limit=limit)
+    ]
+
+
+def summarize_outcomes(outcomes: Sequence[PlanningOutcome]) -> dict[str, int]:
+    """How many jobs ended in each planning result."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome.result] = counts.get(outcome.result, 0) + 1
+    return counts
+
+
+__all__ = [
+    "PlanningOutcome",
+    "PlanningSettings",
+    "ReviewPlan",
+    "build_review_plan",
+    "plan_next_jobs",
+    "plan_one_job",
+    "planning_backoff",
+    "reevaluate",
+    "request_of",
+    "summarize_outcomes",
+]

@@ -1,0 +1,349 @@
+"""Post a finished job's review once: assemble, look for what a crash left posted, post, finish."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from bot.clock import Clock
+from bot.errors import ForgeError, ForgeNotFound, StoreUnavailable
+from bot.forges.base import (
+    ForgeClient,
+    InlineComment,
+    PostedReview,
+    ReviewToPost,
+    append_marker,
+    render_marker,
+)
+from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
+from bot.policy import PolicyBook
+from bot.queue.store import QueueStore
+from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
+from bot.review.diff import commentable_positions
+from bot.review.parse import parse_review
+from bot.review.planner import PlanningSettings, plan_next_jobs
+from bot.sched.mlfq import ServiceEstimator
+
+log = logging.getLogger(__name__)
+
+PostingResult = Literal["posted", "already_posted", "deferred", "cancelled", "failed", "skipped"]
+SEVERITY_LABEL: Mapping[str, str] = {
+    "critical": "Critical",
+    "major": "Major",
+    "minor": "Minor",
+    "info": "Note",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PostingSettings:
+    """How many inline comments at most, and how posting retries a failing forge."""
+
+    max_comments: int = 50
+    max_attempts: int = 5
+    backoff_s: float = 30.0
+    max_backoff_s: float = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class PostingOutcome:
+    """What posting did for one job."""
+
+    job_id: int
+    result: PostingResult
+    review_id: int | None = None
+    detail: str = ""
+
+
+def review_chunk_of(chunk: Chunk) -> StoredChunk:
+    """A stored chunk for the assembler; a raw model answer is checked against the diff here."""
+    result = chunk.result
+    if result and "status" not in result and isinstance(result.get("text"), str):
+        parsed = parse_review(str(result["text"]), commentable_positions(chunk.files))
+        result = {
+            "status": "ok" if parsed.ok else "unparsable",
+            "findings": [finding.to_dict() for finding in parsed.findings],
+            "summary": parsed.summary,
+            "dropped": parsed.dropped,
+            "error": parsed.error,
+        }
+        chunk = Chunk(
+            id=chunk.id,
+            job_id=chunk.job_id,
+            seq=chunk.seq,
+            level=chunk.level,
+            state=chunk.state,
+            files=chunk.files,
+            lines=chunk.lines,
+            attempts=chunk.attempts,
+            result=result,
+        )
+    return stored_chunk(chunk)
+
+
+def render_comment(severity: str, body: str) -> str:
+    """An inline comment's markdown: the severity, then the finding."""
+    return f"**{SEVERITY_LABEL.get(severity, severity.title())}:** {body}"
+
+
+def build_review(
+    job: Job, chunks: Sequence[Chunk], *, max_comments: int = 50
+) -> tuple[ReviewToPost, AssembledReview]:
+    """The review to post for a job from its chunk results, marker included (pure)."""
+    assembled = assemble_review(
+        [review_chunk_of(chunk) for chunk in chunks],
+        skipped=list(job.request.get("skipped") or ()),
+        max_comments=max_comments,
+    )
+    diff: Mapping[str, Any] = job.request.get("diff") or {}
+    head_sha = str(diff.get("head_sha") or job.head_sha)
+    body = f"{assembled.summary}\n\n<sub>review-bot, commit {head_sha[:12]}</sub>"
+    review = ReviewToPost(
+        job_id=job.id,
+        body=append_marker(body, job.id),
+        comments=tuple(
+            InlineComment(
+                path=finding.path,
+                line=finding.line,
+                side=finding.side,
+                body=render_comment(finding.severity, finding.body),
+            )
+            for finding in assembled.findings
+        ),
+        head_sha=head_sha,
+        base_sha=str(diff["base_sha"]) if diff.get("base_sha") else None,
+        start_sha=str(diff["start_sha"]) if diff.get("start_sha") else None,
+    )
+    return review, assembled
+
+
+def review_record(posted: PostedReview, assembled: AssembledReview | None) -> dict[str, Any]:
+    """What the job row keeps of the posted review."""
+    record: dict[str, Any] = {
+        "forge_review_id": posted.id,
+        "url": posted.url,
+        "inline_posted": posted.inline_posted,
+        "inline_rejected": posted.inline_rejected,
+        "summary_only": posted.summary_only,
+        "already_posted": posted.already_posted,
+    }
+    if assembled is not None:
+        record.update(
+            findings=len(assembled.findings),
+            counts=dict(assembled.counts),
+            complete=assembled.complete,
+            skipped=len(assembled.skipped),
+            summary=assembled.summary,
+        )
+    return record
+
+
+def posting_backoff(tries: int, error: ForgeError, settings: PostingSettings) -> float:
+    """Seconds before the next try: the forge's Retry-After, else doubling from backoff_s."""
+    if error.retry_after is not None:
+        return max(error.retry_after, 0.0)
+    return float(min(settings.max_backoff_s, settings.backoff_s * 2 ** max(tries - 1, 0)))
+
+
+async def post_job_review(
+    store: QueueStore,
+    forges: Mapping[str, ForgeClient],
+    job_id: int,
+    *,
+    now: datetime,
+    settings: PostingSettings | None = None,
+) -> PostingOutcome:
+    """Post a finished job's review once, then end the job; forge errors never drop it silently.
+
+    404: cancelled with the reason. Retryable (5xx, 403/429 limits, network): the job stays
+    unposted with a retry time, `failed` after `max_attempts`. Other 4xx: failed with the error.
+    """
+    settings = settings or PostingSettings()
+    job = await store.get_job(job_id)
+    if job is None:
+        return PostingOutcome(job_id, "skipped", detail="no such job")
+    if job.state in TERMINAL_JOB_STATES:
+        return PostingOutcome(job_id, "skipped", detail=f"job is {job.state}: not posted")
+    if not job.planned or job.chunks_done < job.chunks_total:
+        return PostingOutcome(job_id, "skipped", detail="chunks are still running")
+    context = {"job_id": job.id, "forge": job.forge}
+    client = forges.get(job.forge)
+    if client is None:
+        error = f"no {job.forge} client is configured: the review cannot be posted"
+        await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
+        return PostingOutcome(job_id, "failed", detail=error)
+    assembled: AssembledReview | None = None
+    try:
+        existing = await client.find_posted_review(job.repo, job.number, render_marker(job.id))
+        if existing is not None:
+            # Posted before a crash kept us from recording it: record it, never post twice.
+            await store.finish_job(
+                job.id,
+                now=now,
+                state=JobState.DONE,
+                review=review_record(existing, None),
+                reason="review found already posted",
+            )
+            log.info(
+                "job %s: review %s was already posted",
+                job.id,
+                existing.id,
+                extra={"action": "review_found", **context},
+            )
+            return PostingOutcome(job_id, "already_posted", review_id=existing.id)
+        review, assembled = build_review(
+            job, await store.chunk_results(job.id), max_comments=settings.max_comments
+        )
+        latest = await store.get_job(job.id)
+        if latest is None or latest.state in TERMINAL_JOB_STATES:
+            state = latest.state if latest is not None else "gone"
+            return PostingOutcome(job_id, "skipped", detail=f"job is {state}: not posted")
+        posted = await client.post_review(job.repo, job.number, review)
+    except ForgeNotFound as exc:
+        reason = f"the change is gone on {job.forge}: {exc}"
+        await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason)
+        log.warning(
+            "job %s cancelled: %s", job.id, reason, extra={"action": "post_gone", **context}
+        )
+        return PostingOutcome(job_id, "cancelled", detail=reason)
+    except ForgeError as exc:
+        return await _defer_or_fail(store, job, exc, now=now, settings=settings)
+    ended = await store.finish_job(
+        job.id, now=now, state=JobState.DONE, review=review_record(posted, assembled)
+    )
+    log.info(
+        "job %s: review %s posted (%d inline)%s",
+        job.id,
+        posted.id,
+        posted.inline_posted,
+        "" if ended else "; the job had ended meanwhile",
+        extra={"action": "review_posted", **context},
+    )
+    result: PostingResult = "already_posted" if posted.already_posted else "posted"
+    return PostingOutcome(job_id, result, review_id=posted.id)
+
+
+async def _defer_or_fail(
+    store: QueueStore,
+    job: Job,
+    error: ForgeError,
+    *,
+    now: datetime,
+    settings: PostingSettings,
+) -> PostingOutcome:
+    context = {"job_id": job.id, "forge": job.forge}
+    message = f"posting the review failed: {error}"
+    if error.retryable:
+        tries = int(job.request.get("posting_attempts") or 0) + 1
+        if tries < settings.max_attempts:
+            delay = posting_backoff(tries, error, settings)
+            await store.defer_job(
+                job.id,
+                now=now,
+                retry_at=now + timedelta(seconds=delay),
+                error=message,
+                kind="posting",
+            )
+            log.warning(
+                "job %s: %s; try %d of %d again in %.0f s",
+                job.id,
+                message,
+                tries,
+                settings.max_attempts,
+                delay,
+                extra={"action": "post_deferred", **context},
+            )
+            return PostingOutcome(job.id, "deferred", detail=message)
+        message = f"{message} (gave up after {tries} tries)"
+    await store.finish_job(job.id, now=now, state=JobState.FAILED, error=message)
+    log.error("job %s failed: %s", job.id, message, extra={"action": "post_failed", **context})
+    return PostingOutcome(job.id, "failed", detail=message)
+
+
+async def post_unposted(
+    store: QueueStore,
+    forges: Mapping[str, ForgeClient],
+    *,
+    now: datetime,
+    limit: int = 20,
+    settings: PostingSettings | None = None,
+) -> list[PostingOutcome]:
+    """Post jobs whose chunks all finished but whose review is not recorded (crash recovery)."""
+    return [
+        await post_job_review(store, forges, job.id, now=now, settings=settings)
+        for job in await store.unposted_jobs(limit=limit, now=now)
+    ]
+
+
+class ReviewPipeline:
+    """The forge side of a dispatcher: plans jobs from diffs, posts finished reviews."""
+
+    def __init__(
+        self,
+        store: QueueStore,
+        forges: Mapping[str, ForgeClient],
+        policy: PolicyBook | None,
+        *,
+        planning: PlanningSettings | None = None,
+        posting: PostingSettings | None = None,
+        plan_limit: int = 20,
+    ) -> None:
+        self.store = store
+        self.forges = forges
+        self.policy = policy
+        self.planning = planning or PlanningSettings()
+        self.posting = posting or PostingSettings()
+        self.plan_limit = plan_limit
+
+    async def plan_jobs(self, now: datetime, estimator: ServiceEstimator) -> int:
+        """Plan pending jobs (the dispatcher's `plan_jobs`); jobs with nothing to review post."""
+        outcomes = await plan_next_jobs(
+            self.store,
+            self.forges,
+            self.policy,
+            now=now,
+            limit=self.plan_limit,
+            estimator=estimator,
+            settings=self.planning,
+        )
+        for outcome in outcomes:
+            if outcome.result == "planned" and outcome.chunks == 0 and not outcome.detail:
+                await self.job_completed(outcome.job_id, now)
+        return len(outcomes)
+
+    async def job_completed(self, job_id: int, now: datetime) -> None:
+        """Post a job whose last chunk finished (the dispatcher's `on_job_complete`)."""
+        await post_job_review(self.store, self.forges, job_id, now=now, settings=self.posting)
+
+    async def recover(self, now: datetime) -> list[PostingOutcome]:
+        """Post what a crash left unposted, and deferred posts whose retry time came."""
+        return await post_unposted(self.store, self.forges, now=now, settings=self.posting)
+
+    async def run_recovery(self, clock: Clock, *, interval_s: float, stop: asyncio.Event) -> None:
+        """Call `recover` at once and then every `interval_s` until `stop` is set."""
+        while not stop.is_set():
+            try:
+                await self.recover(clock.now())
+            except StoreUnavailable as exc:
+                log.warning("recovery skipped: %s", exc, extra={"action": "recovery_skipped"})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+
+__all__ = [
+    "PostingOutcome",
+    "PostingSettings",
+    "ReviewPipeline",
+    "build_review",
+    "post_job_review",
+    "post_unposted",
+    "posting_backoff",
+    "render_comment",
+    "review_chunk_of",
+    "review_record",
+]

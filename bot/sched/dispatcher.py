@@ -1,0 +1,585 @@
+"""The dispatcher: fills worker slots with chunks the MLFQ picks, and keeps the queue moving."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from bot.clock import Clock
+from bot.config import SchedulerSettings
+from bot.errors import LeaseLost, LLMError, ReviewBotError
+from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
+from bot.model import LEVELS, ChunkPlan, Job, JobState, Level, PolicyDecision, ReviewRequest
+from bot.queue.store import ChunkOutcome, Leased, QueueStore
+from bot.sched.mlfq import (
+    CONTINUATION_RANK_OFFSET,
+    MlfqSettings,
+    ServiceEstimator,
+    SlotChoice,
+    apply_feedback,
+    choose_slot,
+    rank_chunks,
+)
+
+log = logging.getLogger(__name__)
+
+SchedulingPolicy = Literal["fifo", "priority", "mlfq"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fifo", "priority", "mlfq")
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """What a planner made of a job: its chunks, and facts learned from fetching the diff."""
+
+    chunks: tuple[ChunkPlan, ...]
+    decision: PolicyDecision | None = None
+    files_changed: int | None = None
+    additions: int | None = None
+    deletions: int | None = None
+    # fifo/priority: the queue order (arrival time); mlfq ranks chunks itself when None
+    rank: float | None = None
+
+
+class Planner(Protocol):
+    """Fetches a job's diff and chunks it (the forge side of planning)."""
+
+    async def plan(self, job: Job) -> JobPlan: ...
+
+
+class ForgePlanner:
+    """Plans a job from its forge diff: skipped files left out, sizes filled, level re-evaluated."""
+
+    def __init__(
+        self,
+        forges: Mapping[str, Any],
+        *,
+        policy_book: Any | None = None,
+        line_budget: int | None = None,
+    ) -> None:
+        self.forges = forges
+        self.policy_book = policy_book
+        self.line_budget = line_budget
+
+    async def plan(self, job: Job) -> JobPlan:
+        """Fetch the diff and chunk it; raises ForgeError from the forge client."""
+        from bot.review.assemble import classify_skipped_file
+        from bot.review.chunking import DEFAULT_LINE_BUDGET, plan_chunks
+
+        client = self.forges[job.forge]
+        changes = await client.fetch_changes(
+            job.repo,
+            job.number,
+            project_id=job.request.get("project_id"),
+            installation_id=job.request.get("installation_id"),
+        )
+        result = plan_chunks(
+            changes.files,
+            line_budget=self.line_budget or DEFAULT_LINE_BUDGET,
+            skip=classify_skipped_file,
+        )
+        additions = sum(change.additions for change in changes.files)
+        deletions = sum(change.deletions for change in changes.files)
+        files_changed = changes.total_files or len(changes.files)
+        decision = None
+        if self.policy_book is not None and job.request:
+            from bot.policy import evaluate
+
+            known = {name: job.request[name] for name in _REQUEST_FIELDS if name in job.request}
+            known.update(files_changed=files_changed, additions=additions, deletions=deletions)
+            known["labels"] = tuple(known.get("labels", ()))
+            known["depends_on_refs"] = tuple(known.get("depends_on_refs", ()))
+            request = ReviewRequest(**known)
+            decision = evaluate(self.policy_book.policy_for(job.repo), request)
+        return JobPlan(
+            chunks=result.chunks,
+            decision=decision,
+            files_changed=files_changed,
+            additions=additions,
+            deletions=deletions,
+        )
+
+
+_REQUEST_FIELDS = tuple(ReviewRequest.__dataclass_fields__)
+
+
+def install_signal_handlers(dispatcher: Dispatcher) -> None:
+    """SIGTERM and SIGINT make the dispatcher stop taking work and hand back what it holds."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, dispatcher.stop)
+
+
+RequestBuilder = Callable[[Job | None, Leased], Awaitable[LLMRequest]]
+JobCompleted = Callable[[int, datetime], Awaitable[None]]
+# Plans pending jobs itself (bot.review.planner: skipped files kept, forge errors retried or
+# ending the job); gets the current estimator for the ranks, returns how many it handled.
+PlanJobs = Callable[[datetime, ServiceEstimator], Awaitable[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherSettings:
+    """How one dispatcher process runs."""
+
+    policy: SchedulingPolicy = "mlfq"
+    slots: int = 8
+    owner: str = "dispatcher"
+    lease_s: float = 300.0
+    heartbeat_s: float = 30.0
+    poll_s: float = 5.0
+    maintenance_s: float = 60.0  # aging and lease reclaim period
+    mlfq: MlfqSettings = field(default_factory=MlfqSettings)
+
+    @classmethod
+    def from_scheduler(
+        cls, settings: SchedulerSettings, *, owner: str, policy: SchedulingPolicy = "mlfq"
+    ) -> DispatcherSettings:
+        """Settings from the bot's SchedulerSettings."""
+        return cls(
+            policy=policy,
+            slots=settings.workers,
+            owner=owner,
+            lease_s=settings.lease_s,
+            heartbeat_s=settings.heartbeat_s,
+            poll_s=settings.poll_s,
+            mlfq=MlfqSettings.from_scheduler_settings(settings),
+        )
+
+
+@dataclass(slots=True)
+class _JobFacts:
+    """What the dispatcher knows of a job it planned or ran (for ranks and the estimator)."""
+
+    total_lines: int
+    chunk_lines: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class _Load:
+    running: dict[Level, int]
+    ready: dict[Level, int]
+    fresh: dict[Level, int]
+    short_ready: dict[Level, int]
+    running_long: int
+
+
+async def default_request(job: Job | None, leased: Leased) -> LLMRequest:
+    """The chunk's prompt from its stored files (the review engine's message format)."""
+    from bot.review.prompts import build_messages
+
+    chunk = leased.chunk
+    return LLMRequest(
+        messages=build_messages(chunk.files),
+        priority=int(chunk.level),
+        metadata={
+            "job_id": chunk.job_id,
+            "chunk_id": chunk.id,
+            "lines": chunk.lines,
+            "total_lines": job.total_lines if job is not None else chunk.lines,
+            "attempt": chunk.attempts,
+        },
+    )
+
+
+class Dispatcher:
+    """N worker slots over one queue store; decisions come from bot.sched.mlfq."""
+
+    def __init__(
+        self,
+        store: QueueStore,
+        backend: LLMBackend,
+        *,
+        planner: Planner,
+        settings: DispatcherSettings,
+        clock: Clock,
+        build_request: RequestBuilder = default_request,
+        on_job_complete: JobCompleted | None = None,
+        estimator: ServiceEstimator | None = None,
+        plan_jobs: PlanJobs | None = None,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.planner = planner
+        self.settings = settings
+        self.clock = clock
+        self.build_request = build_request
+        self.on_job_complete = on_job_complete
+        self.plan_jobs = plan_jobs
+        self.estimator = estimator or ServiceEstimator.with_prior()
+        self.held: dict[int, Leased] = {}
+        self.jobs: dict[int, _JobFacts] = {}
+        self.level_changes = 0
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- pure-ish steps (the replay drives these under a virtual clock) ---------------------
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.settings.slots - len(self.held))
+
+    def ranks_for(self, chunk_lines: Sequence[int]) -> tuple[float, ...]:
+        """Ranks for a new job's chunks from the current estimator."""
+        return rank_chunks(chunk_lines, estimator=self.estimator)
+
+    async def plan_pending(self, now: datetime, *, limit: int = 50) -> int:
+        """Plan jobs whose diff is not chunked yet; returns how many were planned."""
+        if self.plan_jobs is not None:
+            return await self.plan_jobs(now, self.estimator)
+        planned = 0
+        while True:
+            jobs = await self.store.fetch_unplanned_jobs(now=now, limit=limit)
+            if not jobs:
+                return planned
+            for job in jobs:
+                await self.plan_one(job, now)
+                planned += 1
+            if len(jobs) < limit:
+                return planned
+
+    async def plan_one(self, job: Job, now: datetime) -> None:
+        """Chunk one job and store its chunks with their ranks."""
+        try:
+            plan = await self.planner.plan(job)
+        except ReviewBotError as exc:
+            log.warning(
+                "planning job %s failed: %s",
+                job.id,
+                exc,
+                extra={"action": "plan_failed", "job_id": job.id},
+            )
+            await self.store.finish_job(
+                job.id, now=now, state=JobState.FAILED, error=f"planning failed: {exc}"
+            )
+            return
+        lines = tuple(chunk.lines for chunk in plan.chunks)
+        self.jobs[job.id] = _JobFacts(total_lines=sum(lines), chunk_lines=lines)
+        ranks: float | Sequence[float]
+        if plan.rank is not None or self.settings.policy != "mlfq":
+            ranks = plan.rank if plan.rank is not None else 0.0
+        else:
+            ranks = self.ranks_for(lines)
+        await self.store.plan_job(
+            job.id,
+            plan.chunks,
+            now=now,
+            decision=plan.decision,
+            rank=ranks,
+            files_changed=plan.files_changed,
+            additions=plan.additions,
+            deletions=plan.deletions,
+        )
+        if not plan.chunks:
+            await self._job_done(job.id, now)
+
+    async def _read_load(self, now: datetime) -> _Load:
+        load = await self.store.level_load(
+            now=now,
+            fresh_below=CONTINUATION_RANK_OFFSET,
+            short_rank=self.settings.mlfq.short_work_s,
+        )
+        return _Load(
+            running=dict(load.running),
+            ready=dict(load.ready),
+            fresh=dict(load.fresh),
+            short_ready=dict(load.short_ready),
+            running_long=load.running_long,
+        )
+
+    def _choose(self, load: _Load, free: int) -> SlotChoice | None:
+        if self.settings.policy != "mlfq":
+            return SlotChoice(levels=LEVELS, reason=self.settings.policy)
+        return choose_slot(
+            running=load.running,
+            ready=load.ready,
+            fresh=load.fresh,
+            short_ready=load.short_ready,
+            running_long=load.running_long,
+            free_slots=free,
+            total_slots=self.settings.slots,
+            settings=self.settings.mlfq,
+        )
+
+    async def fill_slots(self, now: datetime) -> list[Leased]:
+        """Lease a chunk for each free slot the scheduler wants filled; returns them."""
+        leased: list[Leased] = []
+        if self.free_slots == 0 or self._stopping.is_set():
+            return leased
+        load = await self._read_load(now) if self.settings.policy == "mlfq" else None
+        retried = False
+        while self.free_slots > 0:
+            if load is None:
+                choice: SlotChoice | None = SlotChoice(levels=LEVELS)
+            else:
+                choice = self._choose(load, self.free_slots)
+            if choice is None:
+                break
+            got = await self.store.fetch_chunk(
+                levels=choice.levels,
+                owner=self.settings.owner,
+                now=now,
+                lease_s=self.settings.lease_s,
+                max_rank=choice.max_rank,
+            )
+            if got is None:
+                if load is None or retried:
+                    break
+                # Another process took what the counts promised: look again, once.
+                load = await self._read_load(now)
+                retried = True
+                continue
+            self.held[got.chunk.id] = got
+            leased.append(got)
+            if load is not None:
+                self._account(load, got)
+        return leased
+
+    def _account(self, load: _Load, leased: Leased) -> None:
+        level = leased.chunk.level
+        rank = float(leased.extra.get("rank", 0.0))
+        load.running[level] = load.running.get(level, 0) + 1
+        load.ready[level] = max(0, load.ready.get(level, 0) - 1)
+        if rank < CONTINUATION_RANK_OFFSET:
+            load.fresh[level] = max(0, load.fresh.get(level, 0) - 1)
+        if rank <= self.settings.mlfq.short_work_s:
+            load.short_ready[level] = max(0, load.short_ready.get(level, 0) - 1)
+        else:
+            load.running_long += 1
+
+    async def job_facts(self, job_id: int) -> _JobFacts | None:
+        """Size facts of a job (cached; read from the store for jobs another process planned)."""
+        facts = self.jobs.get(job_id)
+        if facts is None:
+            job = await self.store.get_job(job_id)
+            if job is None:
+                return None
+            facts = _JobFacts(total_lines=job.total_lines, chunk_lines=())
+            self.jobs[job_id] = facts
+        return facts
+
+    async def complete(
+        self, leased: Leased, response: LLMResponse, now: datetime
+    ) -> ChunkOutcome | None:
+        """Store a finished chunk, learn from it, apply feedback; None when the lease was lost."""
+        chunk = leased.chunk
+        self.held.pop(chunk.id, None)
+        try:
+            outcome = await self.store.finish_chunk(
+                chunk.id,
+                owner=self.settings.owner,
+                now=now,
+                gpu_seconds=response.gpu_seconds,
+                result={"text": response.text, "worker": response.worker},
+            )
+        except LeaseLost:
+            log.warning(
+                "lost the lease of chunk %s",
+                chunk.id,
+                extra={"action": "lease_lost", "job_id": chunk.job_id},
+            )
+            return None
+        if self.settings.policy == "mlfq":
+            facts = await self.job_facts(chunk.job_id)
+            if facts is not None and facts.total_lines > 0:
+                self.estimator = self.estimator.observe(
+                    chunk_lines=chunk.lines,
+                    job_lines=facts.total_lines,
+                    gpu_seconds=response.gpu_seconds,
+                )
+            await self._feedback(outcome, now)
+        if outcome.job_complete:
+            await self._job_done(outcome.job_id, now)
+        return outcome
+
+    async def _feedback(self, outcome: ChunkOutcome, now: datetime) -> None:
+        if outcome.job_complete or outcome.level is None or outcome.base_level is None:
+            return
+        # A job above its own level runs there for a reason (inheritance or aging): it keeps it.
+        if outcome.level < outcome.base_level:
+            return
+        change = apply_feedback(
+            level=outcome.level,
+            used_at_level_s=outcome.level_gpu_seconds,
+            settings=self.settings.mlfq,
+        )
+        if change is None:
+            return
+        changed = await self.store.set_level(
+            outcome.job_id, change.level, now=now, reason=change.reason, actor="scheduler"
+        )
+        if changed:
+            self.level_changes += 1
+
+    async def fail(self, leased: Leased, error: LLMError, now: datetime) -> ChunkOutcome | None:
+        """Count a failed call: the store retries it later or ends the job dead."""
+        self.held.pop(leased.chunk.id, None)
+        try:
+            return await self.store.fail_chunk(
+                leased.chunk.id,
+                owner=self.settings.owner,
+                now=now,
+                error=str(error),
+                retryable=error.retryable,
+            )
+        except LeaseLost:
+            return None
+
+    async def _job_done(self, job_id: int, now: datetime) -> None:
+        self.jobs.pop(job_id, None)
+        if self.on_job_complete is not None:
+            await self.on_job_complete(job_id, now)
+        else:
+            await self.store.finish_job(job_id, now=now, state=JobState.DONE)
+
+    async def maintain(self, now: datetime) -> None:
+        """Periodic work: aging (mlfq) and reclaiming leases of dead workers."""
+        if self.settings.policy == "mlfq":
+            raised = await self.store.apply_aging(
+                now=now, interval_s=self.settings.mlfq.aging_interval_s
+            )
+            self.level_changes += raised
+        await self.store.reclaim_expired(now=now)
+
+    async def release_all(self, now: datetime) -> int:
+        """Give back every chunk this process holds (shutdown)."""
+        released = 0
+        for chunk_id in list(self.held):
+            if await self.store.release_chunk(chunk_id, owner=self.settings.owner, now=now):
+                released += 1
+            self.held.pop(chunk_id, None)
+        return released
+
+    # --- live mode --------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Ask the loop to look at the queue now (NOTIFY arrived, a slot freed)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop taking work; running chunks finish or are released (see run)."""
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def _run_chunk(self, leased: Leased) -> None:
+        try:
+            job = None
+            facts = await self.job_facts(leased.chunk.job_id)
+            if facts is not None:
+                job = await self.store.get_job(leased.chunk.job_id)
+            request = await self.build_request(job, leased)
+            try:
+                response = await self.backend.complete(request)
+            except LLMError as exc:
+                await self.fail(leased, exc, self.clock.now())
+                return
+            await self.complete(leased, response, self.clock.now())
+        finally:
+            self._wake.set()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            if self.held:
+                await self.store.heartbeat(
+                    list(self.held),
+                    owner=self.settings.owner,
+                    now=self.clock.now(),
+                    lease_s=self.settings.lease_s,
+                )
+
+    async def _listen(self, database_url: str | None) -> Any:
+        """LISTEN on the queue channel through a dedicated asyncpg connection, if possible."""
+        if database_url is None:
+            return None
+        import asyncpg
+
+        from bot.db import plain_url
+        from bot.queue.store import QUEUE_CHANNEL
+
+        try:
+            connection = await asyncpg.connect(plain_url(database_url))
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning(
+                "LISTEN unavailable, polling every %ss: %s",
+                self.settings.poll_s,
+                exc,
+                extra={"action": "listen_failed"},
+            )
+            return None
+
+        def notified(*_: object) -> None:
+            self._wake.set()
+
+        await connection.add_listener(QUEUE_CHANNEL, notified)
+        return connection
+
+    async def run(self, *, database_url: str | None = None, shutdown_grace_s: float = 30.0) -> None:
+        """Serve until stop(): wake on NOTIFY (or the poll), fill slots, run chunks."""
+        listener = await self._listen(database_url)
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        next_maintenance = 0.0
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                now = self.clock.now()
+                if loop.time() >= next_maintenance:
+                    await self.maintain(now)
+                    next_maintenance = loop.time() + self.settings.maintenance_s
+                await self.plan_pending(now)
+                for leased in await self.fill_slots(now):
+                    task = asyncio.create_task(self._run_chunk(leased))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_s)
+            if self._tasks:
+                _, pending = await asyncio.wait(set(self._tasks), timeout=shutdown_grace_s)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+            await self.release_all(self.clock.now())
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            if listener is not None:
+                await listener.close()
+
+
+def settings_for(policy: SchedulingPolicy, base: DispatcherSettings) -> DispatcherSettings:
+    """The same dispatcher settings under another scheduling policy."""
+    if policy not in SCHEDULING_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}: expected one of {SCHEDULING_POLICIES}")
+    return replace(base, policy=policy)
+
+
+def level_counts(values: Mapping[Level, int]) -> str:
+    """`P0=1 P1=3 ...` for logs."""
+    return " ".join(f"{level}={values.get(level, 0)}" for level in LEVELS)
+
+
+__all__ = [
+    "SCHEDULING_POLICIES",
+    "Dispatcher",
+    "DispatcherSettings",
+    "ForgePlanner",
+    "JobPlan",
+    "Planner",
+    "SchedulingPolicy",
+    "default_request",
+    "install_signal_handlers",
+    "level_counts",
+    "settings_for",
+]

@@ -1,0 +1,369 @@
+"""Multilevel feedback queue decisions: which level a free slot serves, level changes, ranks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from bot.config import SchedulerSettings
+from bot.model import LEVELS, Level
+
+# Level counts indexed by level number (P0..P3); a Mapping[Level, int] is accepted too.
+LevelCounts = Sequence[int] | Mapping[Level, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MlfqSettings:
+    """Knobs of the level choice, feedback, aging and the short-work reserve."""
+
+    weights: tuple[int, int, int, int] = (8, 4, 2, 1)
+    # GPU seconds a job may use at P0, P1, P2 before it drops one level (P3 is the floor).
+    quantum_s: tuple[float, float, float] = (120.0, 90.0, 240.0)
+    aging_interval_s: float = 1800.0
+    # Slots kept for P0 and for jobs expected to finish within `short_work_s` while others are
+    # busy: a hotfix then waits for a short call at most, never for a long one.
+    reserved_slots: int = 1
+    short_work_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if len(self.weights) != 4 or any(weight <= 0 for weight in self.weights):
+            raise ValueError(f"weights must be four positive numbers, got {self.weights}")
+        if len(self.quantum_s) != 3 or any(quantum <= 0 for quantum in self.quantum_s):
+            raise ValueError(f"quantum_s must be three positive numbers, got {self.quantum_s}")
+        if self.aging_interval_s <= 0:
+            raise ValueError("aging_interval_s must be positive")
+        if self.reserved_slots < 0:
+            raise ValueError("reserved_slots must not be negative")
+
+    @classmethod
+    def from_scheduler_settings(
+        cls, settings: SchedulerSettings, **changes: object
+    ) -> MlfqSettings:
+        """Take weights, quanta and aging from the bot's SchedulerSettings."""
+        base = cls(
+            weights=settings.weights,
+            quantum_s=settings.quantum_s,
+            aging_interval_s=settings.aging_interval_s,
+        )
+        return replace(base, **changes)  # type: ignore[arg-type]
+
+    def quantum_for(self, level: Level) -> float:
+        """GPU seconds allowed at a level before feedback; P3 has no limit."""
+        return math.inf if level == Level.P3 else self.quantum_s[int(level)]
+
+
+@dataclass(frozen=True, slots=True)
+class LevelChange:
+    """A decided level change and the reason that goes into the job history."""
+
+    level: Level
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotChoice:
+    """What the next free slot serves: levels in order of preference, and a size cap if any."""
+
+    levels: tuple[Level, ...]
+    max_rank: float | None = None  # only jobs expected to need at most this many GPU seconds
+    reason: str = ""
+
+    @property
+    def level(self) -> Level:
+        return self.levels[0]
+
+
+def _counts(values: LevelCounts) -> tuple[int, int, int, int]:
+    if isinstance(values, Mapping):
+        return (
+            int(values.get(Level.P0, 0)),
+            int(values.get(Level.P1, 0)),
+            int(values.get(Level.P2, 0)),
+            int(values.get(Level.P3, 0)),
+        )
+    if len(values) != 4:
+        raise ValueError(f"expected four level counts, got {len(values)}")
+    return (int(values[0]), int(values[1]), int(values[2]), int(values[3]))
+
+
+def order_levels(
+    *, running: LevelCounts, ready: LevelCounts, weights: Sequence[float]
+) -> tuple[Level, ...]:
+    """Levels with ready work, most deserving first: P0, then the smallest running/weight share."""
+    running_counts = _counts(running)
+    ready_counts = _counts(ready)
+    candidates = [level for level in LEVELS if ready_counts[level] > 0]
+
+    def key(level: Level) -> tuple[int, float, int]:
+        urgent = 0 if level == Level.P0 else 1
+        return (urgent, running_counts[level] / weights[level], int(level))
+
+    return tuple(sorted(candidates, key=key))
+
+
+def choose_slot(
+    *,
+    running: LevelCounts,
+    ready: LevelCounts,
+    free_slots: int,
+    total_slots: int,
+    settings: MlfqSettings,
+    fresh: LevelCounts | None = None,
+    short_ready: LevelCounts | None = None,
+    running_long: int | None = None,
+) -> SlotChoice | None:
+    """Which levels the next free slot serves (None: leave it idle).
+
+    Work-conserving over the levels with ready work; P0 never waits for a share. Shares are
+    first divided among the levels with fresh work (first chunks of jobs that have not started:
+    a job's wait ends when its first call starts), then among all levels with ready work. The
+    last `reserved_slots` free slots take only P0 or short work while other slots are busy.
+    """
+    if free_slots <= 0:
+        return None
+    levels = order_levels(running=running, ready=ready, weights=settings.weights)
+    if not levels:
+        return None
+    if levels[0] == Level.P0:
+        return SlotChoice(levels=levels, reason="P0 ready")
+    reserve = min(settings.reserved_slots, total_slots - 1)
+    long_running = sum(_counts(running)) if running_long is None else running_long
+    if reserve > 0 and long_running >= total_slots - reserve:
+        if short_ready is None:
+            return SlotChoice(levels=levels, max_rank=settings.short_work_s, reason="reserved")
+        short_levels = order_levels(running=running, ready=short_ready, weights=settings.weights)
+        if not short_levels:
+            return None
+        return SlotChoice(
+            levels=short_levels, max_rank=settings.short_work_s, reason="reserved for short work"
+        )
+    if fresh is not None:
+        fresh_levels = order_levels(running=running, ready=fresh, weights=settings.weights)
+        if fresh_levels:
+            rest = tuple(level for level in levels if level not in fresh_levels)
+            return SlotChoice(levels=fresh_levels + rest, reason="weighted share of new work")
+    return SlotChoice(levels=levels, reason="weighted share")
+
+
+def apply_feedback(
+    *, level: Level, used_at_level_s: float, settings: MlfqSettings
+) -> LevelChange | None:
+    """Drop a job one level once it has used its level's quantum of GPU seconds (not below P3)."""
+    if level >= Level.P3:
+        return None
+    quantum = settings.quantum_for(level)
+    if used_at_level_s < quantum:
+        return None
+    lower = Level(level + 1)
+    return LevelChange(
+        lower,
+        f"feedback: used {used_at_level_s:.0f} GPU s at {level} (quantum {quantum:.0f} s)",
+    )
+
+
+def apply_aging(
+    *, level: Level, base_level: Level, waited_s: float, settings: MlfqSettings
+) -> LevelChange | None:
+    """Raise a job one level per aging interval waited; never into P0 unless it started there."""
+    if waited_s < settings.aging_interval_s or level == Level.P0:
+        return None
+    floor = Level.P0 if base_level == Level.P0 else Level.P1
+    if level <= floor:
+        return None
+    higher = Level(level - 1)
+    return LevelChange(
+        higher,
+        f"aging: waited {waited_s:.0f} s at {level} (interval {settings.aging_interval_s:.0f} s)",
+    )
+
+
+def inherit_level(
+    *, level: Level, effective_level: Level, dependent_levels: Iterable[Level]
+) -> LevelChange | None:
+    """Priority inheritance: run at the most urgent level of the live jobs waiting for this one.
+
+    `level` is the job's own level (after feedback and aging), `effective_level` what it runs at
+    now; when no dependent needs it any more the job returns to its own level.
+    """
+    inherited = min(dependent_levels, default=None)
+    target = level if inherited is None or inherited >= level else inherited
+    if target == effective_level:
+        return None
+    if target < level:
+        return LevelChange(target, f"inheritance: a {target} job depends on it")
+    return LevelChange(target, "inheritance ended: no more urgent job depends on it")
+
+
+def waited_since_at(
+    *, ready_at: float, last_finished_at: float | None, last_level_change_at: float | None
+) -> float:
+    """When the current wait began: the latest of ready, last chunk done, last level change."""
+    return max(
+        ready_at,
+        last_finished_at if last_finished_at is not None else -math.inf,
+        last_level_change_at if last_level_change_at is not None else -math.inf,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceEstimator:
+    """GPU seconds of a review from its changed lines, learned from finished chunks.
+
+    A weighted least-squares line `work = base + per_line * lines` (work: GPU seconds beyond
+    the per-call overhead) over observed jobs, starting from a weak prior. Pure: `observe`
+    returns a new estimator.
+    """
+
+    overhead_s: float = 3.0
+    weight: float = 0.0
+    sum_x: float = 0.0
+    sum_y: float = 0.0
+    sum_xx: float = 0.0
+    sum_xy: float = 0.0
+
+    @classmethod
+    def with_prior(
+        cls,
+        *,
+        base_s: float = 10.0,
+        per_line_s: float = 0.1,
+        weight: float = 4.0,
+        overhead_s: float = 3.0,
+    ) -> ServiceEstimator:
+        """An estimator that believes `base_s + per_line_s * lines` until it sees data."""
+        estimator = cls(overhead_s=overhead_s)
+        for lines in (20.0, 1000.0):
+            estimator = estimator._add(lines, base_s + per_line_s * lines, weight / 2)
+        return estimator
+
+    def _add(self, x: float, y: float, weight: float) -> ServiceEstimator:
+        return replace(
+            self,
+            weight=self.weight + weight,
+            sum_x=self.sum_x + weight * x,
+            sum_y=self.sum_y + weight * y,
+            sum_xx=self.sum_xx + weight * x * x,
+            sum_xy=self.sum_xy + weight * x * y,
+        )
+
+    def observe(self, *, chunk_lines: int, job_lines: int, gpu_seconds: float) -> ServiceEstimator:
+        """Learn from one finished chunk covering `chunk_lines` of a `job_lines` review."""
+        if chunk_lines <= 0 or job_lines <= 0:
+            return self
+        work = max(0.0, gpu_seconds - self.overhead_s) * job_lines / chunk_lines
+        return self._add(float(job_lines), work, chunk_lines / job_lines)
+
+    def coefficients(self) -> tuple[float, float]:
+        """(base_s, per_line_s) of the fitted line, both kept non-negative."""
+        if self.weight <= 0:
+            return (10.0, 0.1)
+        mean_x = self.sum_x / self.weight
+        mean_y = self.sum_y / self.weight
+        variance = self.sum_xx / self.weight - mean_x * mean_x
+        if variance <= 1e-9:
+            return (0.0, max(0.0, mean_y / mean_x) if mean_x > 0 else 0.1)
+        per_line = (self.sum_xy / self.weight - mean_x * mean_y) / variance
+        per_line = max(1e-4, per_line)
+        base = max(0.0, mean_y - per_line * mean_x)
+        return (base, per_line)
+
+    def expected_work(self, lines: int) -> float:
+        """Expected GPU seconds beyond overhead of reviewing `lines` changed lines in one call."""
+        base, per_line = self.coefficients()
+        return base + per_line * max(0, lines)
+
+    def expected_service(self, lines: int) -> float:
+        """Expected GPU seconds of one call over the whole change."""
+        return self.overhead_s + self.expected_work(lines)
+
+
+def expected_remaining_s(
+    *,
+    total_lines: int,
+    remaining_lines: int,
+    remaining_chunks: int,
+    done_lines: int,
+    done_chunks: int,
+    done_gpu_s: float,
+    estimator: ServiceEstimator,
+) -> float:
+    """Expected GPU seconds a job still needs; its own finished chunks beat the global estimate."""
+    if remaining_chunks <= 0:
+        return 0.0
+    total = max(1, total_lines)
+    if done_chunks > 0 and done_lines > 0:
+        work = max(0.0, done_gpu_s - done_chunks * estimator.overhead_s) * total / done_lines
+    else:
+        work = estimator.expected_work(total)
+    return remaining_chunks * estimator.overhead_s + work * remaining_lines / total
+
+
+def rank_job(
+    *,
+    total_lines: int,
+    remaining_lines: int,
+    remaining_chunks: int,
+    done_lines: int = 0,
+    done_chunks: int = 0,
+    done_gpu_s: float = 0.0,
+    estimator: ServiceEstimator,
+) -> float:
+    """Sort key within a level (smaller runs first): expected remaining GPU seconds."""
+    return round(
+        expected_remaining_s(
+            total_lines=total_lines,
+            remaining_lines=remaining_lines,
+            remaining_chunks=remaining_chunks,
+            done_lines=done_lines,
+            done_chunks=done_chunks,
+            done_gpu_s=done_gpu_s,
+            estimator=estimator,
+        ),
+        3,
+    )
+
+
+# Continuation chunks rank behind every first chunk of their level: a job's wait ends when its
+# first call starts, so new work goes first and the rest of a long review fills in behind it.
+CONTINUATION_RANK_OFFSET = 1_000_000.0
+
+
+def rank_chunks(
+    chunk_lines: Sequence[int],
+    *,
+    estimator: ServiceEstimator,
+    done_lines: int = 0,
+    done_chunks: int = 0,
+    done_gpu_s: float = 0.0,
+    first_seq: int = 0,
+    new_work_first: bool = True,
+    fresh_by_first_chunk: bool = False,
+) -> tuple[float, ...]:
+    """Ranks for a job's chunks from `first_seq` on (smaller runs first).
+
+    A chunk's rank is the job's expected remaining GPU seconds from that chunk on; chunks after
+    the first are pushed behind new work by CONTINUATION_RANK_OFFSET when `new_work_first`.
+    """
+    total = sum(chunk_lines)
+    ranks: list[float] = []
+    for seq in range(first_seq, len(chunk_lines)):
+        remaining = rank_job(
+            total_lines=total,
+            remaining_lines=sum(chunk_lines[seq:]),
+            remaining_chunks=len(chunk_lines) - seq,
+            done_lines=done_lines,
+            done_chunks=done_chunks,
+            done_gpu_s=done_gpu_s,
+            estimator=estimator,
+        )
+        if seq == 0 and fresh_by_first_chunk:
+            remaining = rank_job(
+                total_lines=total,
+                remaining_lines=chunk_lines[0],
+                remaining_chunks=1,
+                estimator=estimator,
+            )
+        offset = CONTINUATION_RANK_OFFSET if new_work_first and seq > 0 else 0.0
+        ranks.append(offset + remaining)
+    return tuple(ranks)

@@ -1,0 +1,161 @@
+"""Chunking: files in order, grouped to a line budget, huge files split by hunks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bot.model import FileChange
+from bot.review.chunking import (
+    count_changed_lines,
+    plan_chunks,
+    plan_chunks_from_lines,
+    plan_single_chunk,
+    split_hunks,
+)
+
+
+def _patch(hunks: list[tuple[int, int]]) -> str:
+    """A patch with one hunk per (start, changed lines): alternating additions and removals."""
+    parts = []
+    for start, changed in hunks:
+        body = [" context"]
+        for i in range(changed):
+            body.append(f"+added {i}" if i % 2 == 0 else f"-removed {i}")
+        removed = sum(1 for line in body if line.startswith("-"))
+        added = sum(1 for line in body if line.startswith("+"))
+        parts.append(f"@@ -{start},{removed + 1} +{start},{added + 1} @@ def f():")
+        parts.extend(body)
+    return "\n".join(parts)
+
+
+def test_small_review_is_one_chunk() -> None:
+    result = plan_chunks_from_lines([10, 20, 30], line_budget=100)
+    assert len(result.chunks) == 1
+    assert result.chunks[0].lines == 60
+    assert [entry["index"] for entry in result.chunks[0].files] == [0, 1, 2]
+
+
+def test_files_are_grouped_in_order_to_the_budget() -> None:
+    result = plan_chunks_from_lines([60, 50, 40, 30, 90], line_budget=100)
+    assert [chunk.lines for chunk in result.chunks] == [60, 90, 30, 90]
+    order = [entry["index"] for chunk in result.chunks for entry in chunk.files]
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_huge_file_from_counts_splits_evenly() -> None:
+    result = plan_chunks_from_lines([250], line_budget=100)
+    assert [chunk.lines for chunk in result.chunks] == [84, 83, 83]
+    assert [chunk.files[0]["part"] for chunk in result.chunks] == [1, 2, 3]
+    assert all(chunk.files[0]["parts"] == 3 for chunk in result.chunks)
+
+
+def test_negative_counts_and_bad_budget_are_refused() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        plan_chunks_from_lines([3, -1])
+    with pytest.raises(ValueError, match="line_budget"):
+        plan_chunks_from_lines([3], line_budget=0)
+
+
+def test_huge_file_splits_by_hunks() -> None:
+    patch = _patch([(1, 40), (100, 40), (200, 40)])
+    files = [FileChange("big.py", additions=60, deletions=60, patch=patch)]
+    result = plan_chunks(files, line_budget=80)
+    assert [chunk.lines for chunk in result.chunks] == [80, 40]
+    first = result.chunks[0].files[0]
+    assert first["path"] == "big.py" and first["part"] == 1 and first["parts"] == 2
+    assert split_hunks(first["patch"])[0].startswith("@@ -1,")
+    assert result.chunks[1].files[0]["patch"].startswith("@@ -200,")
+
+
+def test_a_hunk_over_the_budget_is_cut_with_correct_headers() -> None:
+    patch = "\n".join(["@@ -10,3 +10,5 @@", " keep", "+a", "+b", "-c", "+d", " tail"])
+    files = [FileChange("one.py", additions=3, deletions=1, patch=patch)]
+    result = plan_chunks(files, line_budget=2)
+    pieces = [chunk.files[0]["patch"] for chunk in result.chunks]
+    assert pieces[0].splitlines()[0] == "@@ -10,1 +10,3 @@"
+    assert pieces[1].splitlines()[0] == "@@ -11,2 +13,2 @@"
+    assert sum(count_changed_lines(piece) for piece in pieces) == 4
+
+
+def test_skipped_files_are_left_out_and_reported() -> None:
+    files = [
+        FileChange("poetry.lock", additions=500, patch=_patch([(1, 10)])),
+        FileChange("app.py", additions=5, deletions=5, patch=_patch([(1, 10)])),
+        FileChange("logo.png", patch=None),
+    ]
+
+    def skip(path: str, patch: str | None) -> str | None:
+        if path.endswith(".lock"):
+            return "lock file"
+        return "binary" if patch is None else None
+
+    result = plan_chunks(files, line_budget=100, skip=skip)
+    assert [entry["path"] for chunk in result.chunks for entry in chunk.files] == ["app.py"]
+    assert [(s.path, s.reason) for s in result.skipped] == [
+        ("poetry.lock", "lock file"),
+        ("logo.png", "binary"),
+    ]
+
+
+def test_skip_predicate_may_answer_true() -> None:
+    result = plan_chunks(
+        [FileChange("gen.py", additions=1, patch="@@ -1 +1 @@\n+x")], skip=lambda p, _: True
+    )
+    assert result.chunks == () and result.skipped[0].reason == "skipped"
+
+
+def test_the_assemble_classifier_plugs_in() -> None:
+    assemble = pytest.importorskip("bot.review.assemble")
+    files = [
+        FileChange("package-lock.json", additions=900, patch=_patch([(1, 4)])),
+        FileChange("src/app.py", additions=2, deletions=2, patch=_patch([(1, 4)])),
+    ]
+    result = plan_chunks(files, skip=assemble.classify_skipped_file)
+    assert [s.path for s in result.skipped] == ["package-lock.json"]
+    assert result.total_lines == 4
+
+
+def test_single_chunk_covers_everything() -> None:
+    result = plan_single_chunk([5, 6, 7])
+    assert len(result.chunks) == 1 and result.chunks[0].lines == 18
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=900), min_size=1, max_size=60),
+    st.integers(min_value=1, max_value=500),
+)
+def test_chunking_keeps_every_line_once_and_respects_the_budget(
+    file_lines: list[int], budget: int
+) -> None:
+    result = plan_chunks_from_lines(file_lines, line_budget=budget)
+    assert result.total_lines == sum(file_lines)
+    assert all(chunk.lines <= budget for chunk in result.chunks)
+    per_file: dict[int, int] = {}
+    previous = -1
+    for chunk in result.chunks:
+        assert chunk.lines == sum(entry["lines"] for entry in chunk.files)
+        for entry in chunk.files:
+            assert entry["index"] >= previous
+            previous = entry["index"]
+            per_file[entry["index"]] = per_file.get(entry["index"], 0) + entry["lines"]
+    assert per_file == dict(enumerate(file_lines))
+    # greedy packing: two neighbours never fit together in one chunk
+    for left, right in zip(result.chunks, result.chunks[1:], strict=False):
+        assert left.lines + right.files[0]["lines"] > budget
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 500), st.integers(1, 120)), min_size=1, max_size=8),
+    st.integers(min_value=5, max_value=200),
+)
+def test_patch_split_keeps_all_changed_lines(hunks: list[tuple[int, int]], budget: int) -> None:
+    patch = _patch(hunks)
+    total = count_changed_lines(patch)
+    result = plan_chunks([FileChange("f.py", patch=patch)], line_budget=budget)
+    assert result.total_lines == total
+    assert all(chunk.lines <= budget for chunk in result.chunks)
+    pieces = [entry["patch"] for chunk in result.chunks for entry in chunk.files]
+    assert sum(count_changed_lines(piece) for piece in pieces) == total
+    assert all(piece.startswith("@@") for piece in pieces)

@@ -1,0 +1,140 @@
+"""The live dispatcher on real PostgreSQL: NOTIFY wake-up, shared database, stop releases."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from bot.clock import SystemClock
+from bot.llm.simulated import SimulatedBackend
+from bot.model import ChunkState, Job, JobState
+from bot.queue.store import QueueSettings, QueueStore
+from bot.review.chunking import plan_chunks_from_lines
+from bot.sched.dispatcher import Dispatcher, DispatcherSettings, JobPlan
+from bot.sched.mlfq import MlfqSettings
+from tests.factories import decide, make_request
+
+pytestmark = pytest.mark.slow
+
+
+class LinesPlanner:
+    """Chunks a job by its stored size, as if its diff had that many lines in 40-line files."""
+
+    def __init__(self, line_budget: int = 40) -> None:
+        self.line_budget = line_budget
+
+    async def plan(self, job: Job) -> JobPlan:
+        lines = [40] * max(1, job.total_lines // 40)
+        result = plan_chunks_from_lines(lines, line_budget=self.line_budget)
+        return JobPlan(chunks=result.chunks)
+
+
+def _dispatcher(store: QueueStore, owner: str, *, time_scale: float, poll_s: float) -> Dispatcher:
+    backend = SimulatedBackend(
+        overhead_s=3.0, seconds_per_line=0.01, sleep=asyncio.sleep, time_scale=time_scale
+    )
+    return Dispatcher(
+        store,
+        backend,
+        planner=LinesPlanner(),
+        settings=DispatcherSettings(
+            owner=owner, slots=3, poll_s=poll_s, lease_s=60.0, mlfq=MlfqSettings(reserved_slots=0)
+        ),
+        clock=SystemClock(),
+    )
+
+
+async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
+    """Wait for a condition another process (the dispatcher's tasks) brings about."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        if await check():
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(0.02)
+
+
+async def _submit(store: QueueStore, number: int, lines: int = 120) -> int:
+    result = await store.submit_request(
+        make_request(number=number, head_sha=f"{number:040d}", additions=lines, deletions=0),
+        decide(),
+        now=SystemClock().now(),
+    )
+    assert result.job_id is not None
+    return result.job_id
+
+
+async def _all_done(store: QueueStore, job_ids: list[int]) -> bool:
+    for job_id in job_ids:
+        job = await store.get_job(job_id)
+        if job is None or job.state != JobState.DONE:
+            return False
+    return True
+
+
+async def test_notify_wakes_an_idle_dispatcher(db_url: str) -> None:
+    store = QueueStore.from_url(db_url)
+    dispatcher = _dispatcher(store, "d1", time_scale=0.001, poll_s=60.0)
+    runner = asyncio.create_task(dispatcher.run(database_url=db_url))
+    try:
+        await asyncio.sleep(0.3)  # idle in its 60 s wait, listening
+        job_id = await _submit(store, 1)
+        await _until(lambda: _all_done(store, [job_id]), timeout_s=10.0)
+        history = await store.job_history(job_id)
+        assert [entry.to_value for entry in history if entry.kind == "state"][-1] == "done"
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(runner, timeout=10.0)
+        await store.close()
+
+
+async def test_two_dispatchers_share_one_database_without_double_work(db_url: str) -> None:
+    stores = [QueueStore.from_url(db_url) for _ in range(2)]
+    dispatchers = [
+        _dispatcher(store, f"d{i}", time_scale=0.002, poll_s=0.5) for i, store in enumerate(stores)
+    ]
+    runners = [asyncio.create_task(d.run(database_url=db_url)) for d in dispatchers]
+    try:
+        job_ids = [await _submit(stores[0], number) for number in range(10, 22)]
+        await _until(lambda: _all_done(stores[0], job_ids), timeout_s=30.0)
+        for job_id in job_ids:
+            chunks = await stores[0].chunk_results(job_id)
+            assert len(chunks) == 3
+            assert all(chunk.state == ChunkState.DONE and chunk.attempts == 1 for chunk in chunks)
+        calls = sum(d.backend.calls for d in dispatchers)  # type: ignore[attr-defined]
+        assert calls == 3 * len(job_ids)
+    finally:
+        for dispatcher in dispatchers:
+            dispatcher.stop()
+        await asyncio.wait_for(asyncio.gather(*runners), timeout=10.0)
+        for store in stores:
+            await store.close()
+
+
+async def test_stop_releases_what_it_holds(db_url: str) -> None:
+    store = QueueStore.from_url(db_url, settings=QueueSettings())
+    dispatcher = _dispatcher(store, "slow", time_scale=100.0, poll_s=0.5)
+    job_ids = [await _submit(store, number) for number in (31, 32)]
+    runner = asyncio.create_task(dispatcher.run(database_url=db_url, shutdown_grace_s=0.2))
+    try:
+        await _until(lambda: _held(dispatcher, 3), timeout_s=10.0)
+        dispatcher.stop()
+        await asyncio.wait_for(runner, timeout=10.0)
+        assert dispatcher.held == {}
+        states = [c.state for job_id in job_ids for c in await store.chunk_results(job_id)]
+        assert states.count(ChunkState.RUNNING) == 0
+        assert states.count(ChunkState.QUEUED) == 6
+        load = await store.level_load(now=SystemClock().now())
+        assert load.total_running == 0
+    finally:
+        if not runner.done():
+            dispatcher.stop()
+            await asyncio.wait_for(runner, timeout=10.0)
+        await store.close()
+
+
+async def _held(dispatcher: Dispatcher, count: int) -> bool:
+    return len(dispatcher.held) >= count

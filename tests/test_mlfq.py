@@ -1,0 +1,198 @@
+"""MLFQ decisions: level choice, feedback, aging, inheritance, ranks and the estimator."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bot.config import SchedulerSettings
+from bot.model import Level
+from bot.sched.mlfq import (
+    CONTINUATION_RANK_OFFSET,
+    MlfqSettings,
+    ServiceEstimator,
+    apply_aging,
+    apply_feedback,
+    choose_slot,
+    inherit_level,
+    order_levels,
+    rank_chunks,
+    rank_job,
+)
+
+SETTINGS = MlfqSettings(reserved_slots=0)
+counts = st.lists(st.integers(min_value=0, max_value=20), min_size=4, max_size=4)
+
+
+def test_p0_never_waits_for_a_share() -> None:
+    choice = choose_slot(
+        running=[0, 8, 0, 0], ready=[1, 50, 5, 5], free_slots=1, total_slots=9, settings=SETTINGS
+    )
+    assert choice is not None and choice.level == Level.P0
+
+
+def test_weights_share_slots_among_levels_with_ready_work() -> None:
+    # P1 runs 4 (4/4 = 1.0), P2 runs 1 (1/2 = 0.5): P2 is further below its share.
+    levels = order_levels(running=[0, 4, 1, 0], ready=[0, 9, 9, 0], weights=(8, 4, 2, 1))
+    assert levels == (Level.P2, Level.P1)
+
+
+def test_an_empty_level_gives_its_share_away() -> None:
+    choice = choose_slot(
+        running=[0, 7, 0, 0], ready=[0, 3, 0, 0], free_slots=1, total_slots=8, settings=SETTINGS
+    )
+    assert choice is not None and choice.levels == (Level.P1,)
+
+
+def test_no_ready_work_leaves_the_slot_idle() -> None:
+    assert (
+        choose_slot(
+            running=[0, 3, 0, 0], ready=[0] * 4, free_slots=5, total_slots=8, settings=SETTINGS
+        )
+        is None
+    )
+    assert (
+        choose_slot(
+            running=[0] * 4, ready=[0, 1, 0, 0], free_slots=0, total_slots=8, settings=SETTINGS
+        )
+        is None
+    )
+
+
+def test_fresh_work_is_shared_first() -> None:
+    choice = choose_slot(
+        running=[0, 0, 0, 0],
+        ready=[0, 2, 9, 0],
+        fresh=[0, 2, 0, 0],
+        free_slots=8,
+        total_slots=8,
+        settings=SETTINGS,
+    )
+    assert choice is not None and choice.levels == (Level.P1, Level.P2)
+
+
+def test_the_reserved_slot_takes_only_short_work() -> None:
+    settings = MlfqSettings(reserved_slots=1, short_work_s=20.0)
+    kwargs = {"ready": [0, 5, 5, 0], "free_slots": 1, "total_slots": 8, "settings": settings}
+    idle = choose_slot(running=[0, 5, 2, 0], running_long=7, short_ready=[0, 0, 0, 0], **kwargs)
+    assert idle is None
+    short = choose_slot(running=[0, 5, 2, 0], running_long=7, short_ready=[0, 0, 2, 0], **kwargs)
+    assert short is not None and short.levels == (Level.P2,) and short.max_rank == 20.0
+    spare = choose_slot(running=[0, 5, 1, 0], running_long=6, short_ready=[0, 0, 0, 0], **kwargs)
+    assert spare is not None and spare.max_rank is None
+    urgent = choose_slot(
+        running=[0, 5, 2, 0],
+        running_long=7,
+        short_ready=[0] * 4,
+        **{**kwargs, "ready": [1, 5, 5, 0]},
+    )
+    assert urgent is not None and urgent.level == Level.P0
+
+
+@given(counts, counts, st.integers(1, 8))
+def test_choice_is_work_conserving(running: list[int], ready: list[int], free: int) -> None:
+    choice = choose_slot(
+        running=running, ready=ready, free_slots=free, total_slots=8, settings=SETTINGS
+    )
+    if any(ready):
+        assert choice is not None
+        assert set(choice.levels) == {Level(i) for i, n in enumerate(ready) if n > 0}
+        if ready[0]:
+            assert choice.level == Level.P0
+    else:
+        assert choice is None
+
+
+def test_feedback_drops_one_level_after_the_quantum() -> None:
+    settings = MlfqSettings(quantum_s=(120.0, 90.0, 240.0))
+    assert apply_feedback(level=Level.P1, used_at_level_s=89.9, settings=settings) is None
+    change = apply_feedback(level=Level.P1, used_at_level_s=90.0, settings=settings)
+    assert change is not None and change.level == Level.P2 and "quantum 90" in change.reason
+    assert apply_feedback(level=Level.P3, used_at_level_s=1e9, settings=settings) is None
+
+
+def test_aging_raises_one_level_never_into_p0_unless_born_there() -> None:
+    settings = MlfqSettings(aging_interval_s=1800.0)
+    assert (
+        apply_aging(level=Level.P3, base_level=Level.P3, waited_s=1799, settings=settings) is None
+    )
+    change = apply_aging(level=Level.P3, base_level=Level.P3, waited_s=1800, settings=settings)
+    assert change is not None and change.level == Level.P2 and change.reason.startswith("aging")
+    assert (
+        apply_aging(level=Level.P1, base_level=Level.P2, waited_s=9999, settings=settings) is None
+    )
+    back = apply_aging(level=Level.P1, base_level=Level.P0, waited_s=1800, settings=settings)
+    assert back is not None and back.level == Level.P0
+
+
+def test_inheritance_runs_at_the_most_urgent_dependent_level() -> None:
+    change = inherit_level(
+        level=Level.P2, effective_level=Level.P2, dependent_levels=[Level.P1, Level.P0]
+    )
+    assert change is not None and change.level == Level.P0 and "inheritance" in change.reason
+    assert (
+        inherit_level(level=Level.P1, effective_level=Level.P1, dependent_levels=[Level.P3]) is None
+    )
+    ended = inherit_level(level=Level.P2, effective_level=Level.P0, dependent_levels=[])
+    assert ended is not None and ended.level == Level.P2 and "ended" in ended.reason
+
+
+def test_settings_validate_and_come_from_the_bot_settings() -> None:
+    with pytest.raises(ValueError, match="weights"):
+        MlfqSettings(weights=(1, 0, 1, 1))
+    with pytest.raises(ValueError, match="quantum"):
+        MlfqSettings(quantum_s=(1.0, 2.0))  # type: ignore[arg-type]
+    settings = MlfqSettings.from_scheduler_settings(
+        SchedulerSettings(weights=(9, 3, 2, 1), aging_interval_s=60.0), reserved_slots=2
+    )
+    assert settings.weights == (9, 3, 2, 1) and settings.aging_interval_s == 60.0
+    assert settings.reserved_slots == 2
+
+
+def test_estimator_learns_the_cost_line_from_chunks() -> None:
+    estimator = ServiceEstimator.with_prior(base_s=10.0, per_line_s=0.1, weight=1.0)
+    # truth: work = 20 + 0.05 * lines
+    for lines in (40, 100, 300, 800, 2000) * 20:
+        chunk = min(lines, 400)
+        work = (20 + 0.05 * lines) * chunk / lines
+        estimator = estimator.observe(chunk_lines=chunk, job_lines=lines, gpu_seconds=3.0 + work)
+    base, per_line = estimator.coefficients()
+    assert base == pytest.approx(20.0, rel=0.05)
+    assert per_line == pytest.approx(0.05, rel=0.05)
+    assert estimator.expected_service(100) == pytest.approx(3 + 20 + 5, rel=0.05)
+
+
+def test_estimator_ignores_empty_observations() -> None:
+    estimator = ServiceEstimator.with_prior()
+    assert estimator.observe(chunk_lines=0, job_lines=10, gpu_seconds=5.0) == estimator
+
+
+def test_rank_uses_the_jobs_own_rate_once_known() -> None:
+    estimator = ServiceEstimator.with_prior(base_s=0.0, per_line_s=0.1)
+    unknown = rank_job(
+        total_lines=1000, remaining_lines=500, remaining_chunks=2, estimator=estimator
+    )
+    known = rank_job(
+        total_lines=1000,
+        remaining_lines=500,
+        remaining_chunks=2,
+        done_lines=500,
+        done_chunks=2,
+        done_gpu_s=2 * 3.0 + 500 * 1.0,  # this job costs 1 s per line
+        estimator=estimator,
+    )
+    assert known > unknown * 5
+
+
+def test_first_chunks_rank_before_continuations_and_short_before_long() -> None:
+    estimator = ServiceEstimator.with_prior()
+    small = rank_chunks([50], estimator=estimator)
+    large = rank_chunks([400, 400, 400], estimator=estimator)
+    assert small[0] < large[0] < CONTINUATION_RANK_OFFSET
+    assert all(rank >= CONTINUATION_RANK_OFFSET for rank in large[1:])
+    assert large[1] > large[2]
+    assert (
+        rank_chunks([400, 400], estimator=estimator, new_work_first=False)[1]
+        < CONTINUATION_RANK_OFFSET
+    )

@@ -1,0 +1,289 @@
+"""Report views and `bot report` on a database filled by a real replay."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import json
+import secrets
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from bot.clock import EPOCH
+from bot.config import Settings
+from bot.db import create_engine, plain_url
+from bot.model import JobState, Level
+from bot.obs.reports import (
+    STATEMENTS,
+    ReportOptions,
+    build_report,
+    compare_summaries,
+    render_report,
+    run_report_command,
+    success_verdict,
+)
+from bot.queue.store import QueueStore
+from tests.factories import decide, make_request
+from tests.obs_helpers import replayed_database
+
+
+@pytest.fixture(scope="module")
+async def replayed(pg_server: str, template_database: str) -> AsyncIterator[tuple[str, Any]]:
+    """One replayed database for the module, plus a failure and people's commands."""
+    async with replayed_database(pg_server, template_database) as (url, summary):
+        store = QueueStore.from_url(url, pool_size=1)
+        try:
+            late = EPOCH + timedelta(hours=2)
+            failed = await store.submit_request(
+                make_request(repo="acme/broken", number=99), decide(Level.P2), now=late
+            )
+            assert failed.job_id is not None
+            await store.finish_job(
+                failed.job_id, now=late, state=JobState.FAILED, error="diff fetch: 404 Not Found"
+            )
+            queued = await store.submit_request(
+                make_request(repo="acme/api", number=4242, head_sha="c" * 40),
+                decide(Level.P2),
+                now=late,
+            )
+            assert queued.job_id is not None
+            await store.set_level(
+                queued.job_id, Level.P1, now=late, reason="/review-bot priority P1", actor="alice"
+            )
+            await store.record_command(
+                queued.job_id, now=late, actor="alice", command="priority P1", outcome="accepted"
+            )
+        finally:
+            await store.close()
+        yield url, summary
+
+
+async def _report(url: str, name: str, **options: Any) -> Any:
+    engine = create_engine(url, pool_size=1)
+    try:
+        return await build_report(engine, name, ReportOptions(slots=2, **options))
+    finally:
+        await engine.dispose()
+
+
+def _by_level(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {row["level"]: row for row in rows}
+
+
+async def test_waits_view_matches_the_replay(replayed: tuple[str, Any]) -> None:
+    url, summary = replayed
+    report = await _report(url, "waits", until=EPOCH + timedelta(hours=1, minutes=30))
+    levels = _by_level(report.rows)
+    assert levels["all"]["jobs"] == summary["requests"]
+    assert levels["all"]["mean_wait_s"] == pytest.approx(summary["all"]["wait"]["mean"], abs=0.01)
+    assert levels["all"]["p95_wait_s"] == pytest.approx(summary["all"]["wait"]["p95"], abs=0.01)
+    for name, expected in summary["levels"].items():
+        if expected["n"] == 0:
+            assert name not in levels
+            continue
+        assert levels[name]["jobs"] == expected["n"]
+        assert levels[name]["mean_wait_s"] == pytest.approx(expected["wait"]["mean"], abs=0.01)
+        assert levels[name]["max_turnaround_s"] == pytest.approx(
+            expected["turnaround"]["max"], abs=0.01
+        )
+        assert levels[name]["breaches"] == expected["breaches"]
+    assert summary["all"]["wait"]["mean"] > 0, "the trace must make jobs wait"
+
+
+async def test_psql_views_agree_with_the_report(replayed: tuple[str, Any]) -> None:
+    url, _ = replayed
+    report = _by_level((await _report(url, "waits")).rows)
+    connection = await asyncpg.connect(plain_url(url))
+    try:
+        rows = await connection.fetch("SELECT * FROM report_waits_by_level")
+        views = {
+            row["viewname"]
+            for row in await connection.fetch(
+                "SELECT viewname FROM pg_views WHERE schemaname = 'public'"
+            )
+        }
+    finally:
+        await connection.close()
+    assert {"report_waits", "report_durations", "report_workers", "report_repos"} <= views
+    assert {"report_commands", "report_failures", "report_alerts"} <= views
+    for row in rows:
+        assert float(row["mean_wait_s"] or 0) == pytest.approx(
+            report[row["level"]]["mean_wait_s"] or 0, abs=0.001
+        )
+        assert row["jobs"] == report[row["level"]]["jobs"]
+
+
+async def test_durations_workers_repos_commands_failures(replayed: tuple[str, Any]) -> None:
+    url, summary = replayed
+    durations = await _report(url, "durations")
+    overall = _by_level(durations.rows)["all"]
+    assert overall["jobs"] == summary["completed"]
+    assert overall["p99_over_p50"] == pytest.approx(overall["p99_s"] / overall["p50_s"], rel=0.01)
+    assert durations.notes[0].startswith("recommendation: P99/P50 = ")
+    assert ("pay off" in durations.notes[0]) == (overall["p99_over_p50"] > 10)
+
+    workers = await _report(url, "workers")
+    totals = [row for row in workers.rows if row["hour"] is None]
+    assert [row["worker"] for row in totals] == ["replay"]
+    assert totals[0]["gpu_s"] == pytest.approx(summary["gpu_s"], rel=0.001)
+    hourly = [row for row in workers.rows if row["hour"] is not None]
+    assert sum(row["chunks"] for row in hourly) == totals[0]["chunks"]
+    assert 0 < totals[0]["utilization"] <= 1.0
+
+    repos = await _report(url, "repos")
+    turnarounds = [row["mean_turnaround_s"] or 0 for row in repos.rows]
+    assert turnarounds == sorted(turnarounds, reverse=True)
+    assert sum(row["jobs"] for row in repos.rows) == summary["requests"] + 2
+
+    largest = await _report(url, "largest", limit=3)
+    lines = [row["total_lines"] for row in largest.rows]
+    assert len(lines) == 3 and lines == sorted(lines, reverse=True)
+
+    commands = await _report(url, "commands")
+    assert [(row["kind"], row["actor"]) for row in commands.rows] == [
+        ("level", "alice"),
+        ("command", "alice"),
+    ]
+    failures = await _report(url, "failures")
+    assert [(row["repo"], row["state"]) for row in failures.rows] == [("acme/broken", "failed")]
+    assert failures.rows[0]["last_error"] == "diff fetch: 404 Not Found"
+
+    only_broken = await _report(url, "waits", repo="acme/broken")
+    assert _by_level(only_broken.rows)["all"]["jobs"] == 1
+
+
+@pytest.mark.parametrize("name", sorted(STATEMENTS))
+async def test_formats_parse(replayed: tuple[str, Any], name: str) -> None:
+    url, _ = replayed
+    report = await _report(url, name)
+    as_csv, csv_notes = render_report(report, "csv")
+    as_json, _ = render_report(report, "json")
+    as_table, _ = render_report(report, "table")
+    parsed = json.loads(as_json)
+    assert parsed["report"] == name and len(parsed["rows"]) == len(report.rows)
+    assert csv_notes == report.notes
+    records = list(csv.DictReader(io.StringIO(as_csv)))
+    assert len(records) == len(report.rows)
+    if report.rows:
+        assert list(records[0]) == list(report.rows[0])
+        assert as_table.splitlines()[0].split() == list(report.rows[0])
+
+
+@pytest.fixture
+async def reader_url(replayed: tuple[str, Any], pg_server: str) -> AsyncIterator[str]:
+    """A login role with nothing but SELECT, created as the module docstring says."""
+    url, _ = replayed
+    role = f"review_bot_reader_{secrets.token_hex(4)}"
+    database = make_url(url).database
+    admin = await asyncpg.connect(plain_url(url))
+    try:
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        await admin.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
+        await admin.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
+        await admin.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"')
+        await admin.execute(f'ALTER ROLE "{role}" SET default_transaction_read_only = on')
+        yield str(make_url(url).set(username=role, password=None))
+    finally:
+        await admin.execute(f'DROP OWNED BY "{role}"')
+        await admin.close()
+        server = await asyncpg.connect(plain_url(pg_server))
+        try:
+            await server.execute(f'DROP ROLE IF EXISTS "{role}"')
+        finally:
+            await server.close()
+
+
+def _args(name: str, output_format: str, **extra: Any) -> argparse.Namespace:
+    values = {
+        "name": name,
+        "since": None,
+        "until": None,
+        "repo": None,
+        "format": output_format,
+        "before": None,
+        "after": None,
+    }
+    values.update(extra)
+    return argparse.Namespace(**values)
+
+
+async def test_reports_run_as_a_read_only_role(
+    reader_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings(database_url=reader_url)
+    for name in sorted(STATEMENTS):
+        status = await asyncio.to_thread(run_report_command, _args(name, "json"), settings)
+        assert status == 0
+        assert json.loads(capsys.readouterr().out)["report"] == name
+    engine = create_engine(reader_url, pool_size=1)
+    try:
+        with pytest.raises(DBAPIError, match=r"read-only transaction|permission denied"):
+            async with engine.begin() as conn:
+                await conn.execute(text("DELETE FROM alerts"))
+        with pytest.raises(DBAPIError, match="permission denied"):
+            async with engine.begin() as conn:
+                await conn.execute(text("SET TRANSACTION READ WRITE"))
+                await conn.execute(text("DELETE FROM alerts"))
+    finally:
+        await engine.dispose()
+
+
+async def test_compare_two_periods(replayed: tuple[str, Any], capsys: Any) -> None:
+    url, _ = replayed
+    first = (EPOCH, EPOCH + timedelta(minutes=10))
+    second = (EPOCH + timedelta(minutes=10), EPOCH + timedelta(minutes=40))
+
+    def period(bounds: tuple[Any, Any]) -> str:
+        return f"{bounds[0].isoformat()}/{bounds[1].isoformat()}"
+
+    args = _args("compare", "json", before=period(first), after=period(second))
+    status = await asyncio.to_thread(run_report_command, args, Settings(database_url=url))
+    assert status == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = {(row["scope"], row["metric"]): row for row in result["rows"]}
+    before = _by_level((await _report(url, "waits", since=first[0], until=first[1])).rows)
+    after = _by_level((await _report(url, "waits", since=second[0], until=second[1])).rows)
+    assert rows["all", "wait_mean_s"]["before"] == pytest.approx(before["all"]["mean_wait_s"])
+    assert rows["all", "wait_mean_s"]["after"] == pytest.approx(after["all"]["mean_wait_s"])
+    assert result["notes"] == [
+        success_verdict(before["all"]["mean_wait_s"], after["all"]["mean_wait_s"])
+    ]
+
+
+@pytest.mark.slow
+async def test_compare_two_simulations(
+    pg_server: str, template_database: str, tmp_path: Path, capsys: Any
+) -> None:
+    """FIFO against the feedback queue on one trace: the rollout's before/after."""
+    files = {}
+    for policy in ("fifo", "mlfq"):
+        async with replayed_database(pg_server, template_database, policy=policy) as (_, summary):
+            files[policy] = tmp_path / f"{policy}.json"
+            files[policy].write_text(json.dumps(summary))
+    args = _args("compare", "table", before=str(files["fifo"]), after=str(files["mlfq"]))
+    assert await asyncio.to_thread(run_report_command, args, Settings()) == 0
+    output = capsys.readouterr().out
+    fifo = json.loads(files["fifo"].read_text())
+    mlfq = json.loads(files["mlfq"].read_text())
+    verdict = success_verdict(fifo["all"]["wait"]["mean"], mlfq["all"]["wait"]["mean"])
+    assert output.rstrip().splitlines()[-1] == verdict
+    report = compare_summaries(fifo, mlfq)
+    p0 = {row["metric"]: row for row in report.rows if row["scope"] == "P0"}
+    assert p0["wait_mean_s"]["after"] == mlfq["levels"]["P0"]["wait"]["mean"]
+
+
+def test_success_verdict_rule() -> None:
+    assert success_verdict(228.0, 100.0).endswith(": MET")
+    assert success_verdict(228.0, 114.0).endswith(": MET")
+    assert success_verdict(228.0, 115.0).endswith(": NOT MET")
+    assert "no wait before" in success_verdict(0.0, 3.0)
