@@ -22,10 +22,12 @@ $(BENCH_STAMP): $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bot tests bench migrations
+	$(BIN)/mypy
 	$(BIN)/ruff format --check bot tests bench migrations
 
 test: $(STAMP)
 	$(BIN)/ruff check bot tests bench migrations
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 test-vllm: $(STAMP)

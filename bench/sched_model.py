@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.model import LEVELS, Level
-from bot.review.chunking import plan_chunks_from_lines
+from bot.review.chunking import DEFAULT_FIRST_BUDGET, plan_chunks_from_lines
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
     MlfqSettings,
@@ -60,6 +60,7 @@ class ModelConfig:
     workers: int = 8
     overhead_s: float = 3.0
     line_budget: int = 400
+    first_budget: int | None = DEFAULT_FIRST_BUDGET
     mlfq: MlfqSettings = field(default_factory=MlfqSettings)
     aging_check_s: float = 60.0
     update_rank: bool = True
@@ -127,7 +128,9 @@ def simulate(
             chunks = [
                 c.lines
                 for c in plan_chunks_from_lines(
-                    request.file_lines, line_budget=config.line_budget
+                    request.file_lines,
+                    line_budget=config.line_budget,
+                    first_budget=config.first_budget,
                 ).chunks
             ]
         else:
@@ -428,7 +431,7 @@ def _row(name: str, result: dict[str, Any], service_sum: float) -> str:
     )
 
 
-def variants() -> list[tuple[str, Trace]]:
+def variants(extended: bool = False) -> list[tuple[str, Trace]]:
     """The public trace (when present) and variants: other seeds, sizes, tails and peaks."""
     from bot.sim.trace import TraceShape
 
@@ -456,12 +459,32 @@ def variants() -> list[tuple[str, Trace]]:
     traces.append(
         ("gen-sharp-peak", generate_trace(TraceShape(peak_share=0.55, peak_width_s=600), seed=5))
     )
+    if not extended:
+        return traces
+    small = TraceShape(requests=600, duration_s=6480, peak_at_s=2160, peak_width_s=528)
+    large = TraceShape(requests=1500, duration_s=16200, peak_at_s=5400, peak_width_s=1320)
+    sharp_heavy = TraceShape(
+        peak_share=0.55, peak_width_s=600, large_share=0.06, large_tail=0.7, large_max_files=220
+    )
+    traces += [
+        ("gen-600", generate_trace(small, seed=3)),
+        ("gen-1500", generate_trace(large, seed=41)),
+        ("gen-hotfixes", generate_trace(TraceShape(hotfix_per_1000=60), seed=31)),
+        ("gen-sharp-heavy", generate_trace(sharp_heavy, seed=9)),
+        (
+            "gen-sharp-1200",
+            generate_trace(TraceShape(requests=1200, peak_share=0.55, peak_width_s=600), seed=13),
+        ),
+        ("gen-sharp-600", generate_trace(TraceShape(peak_share=0.55, peak_width_s=600), seed=19)),
+    ]
+    traces += [(f"gen-seed{seed}", generate_trace(seed=seed)) for seed in (2, 3, 4, 5, 6)]
     return traces
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--budget", type=int, default=ModelConfig.line_budget)
+    parser.add_argument("--first", type=int, default=DEFAULT_FIRST_BUDGET, help="0: none")
     parser.add_argument("--weights", default="8,4,2,1")
     parser.add_argument("--quantum", default=None)
     parser.add_argument("--reserved", type=int, default=MlfqSettings().reserved_slots)
@@ -472,6 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--first-chunk-rank", action="store_true")
     parser.add_argument("--only", default=None)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--extended", action="store_true", help="more variants")
     args = parser.parse_args(argv)
     level_of = policy_levels()
     mlfq_settings = replace(
@@ -484,12 +508,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         mlfq_settings = replace(
             mlfq_settings, quantum_s=tuple(float(q) for q in args.quantum.split(","))
         )
-    for name, trace in variants():
+    for name, trace in variants(args.extended):
         if args.only and name not in args.only.split(","):
             continue
         service_sum = sum(r.service_s for r in trace.requests if level_of(r) is not None)
         base = ModelConfig(
             line_budget=args.budget,
+            first_budget=args.first or None,
             mlfq=mlfq_settings,
             update_rank=not args.no_update_rank,
             new_work_first=not args.no_new_first,

@@ -98,7 +98,9 @@ def _command_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings = settings.with_changes(
             scheduler=replace(settings.scheduler, workers=args.workers)
         )
-    asyncio.run(
+    from bot.runtime import run
+
+    run(
         serve(
             settings,
             role=args.role,

@@ -137,7 +137,7 @@ def _throwaway_cluster(initdb: str, pg_ctl: str) -> Iterator[str]:
 def _pgserver_cluster() -> Iterator[str]:
     """PostgreSQL from the `pgserver` wheel, installed on demand."""
     try:
-        import pgserver  # type: ignore[import-not-found]
+        import pgserver
     except ImportError:
         log.warning("no PostgreSQL found; installing pgserver from PyPI")
         subprocess.run(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from bot.clock import VirtualClock
 from bot.config import Settings
 from bot.forges.base import RetryPolicy
@@ -48,6 +50,7 @@ class SleepRecorder:
     async def __call__(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         self.clock.advance(max(0.0, seconds))
+        await asyncio.sleep(0)  # other tasks run meanwhile, as during a real wait
 
 
 def emulator_state(clock: VirtualClock) -> EmulatorState:
@@ -67,7 +70,7 @@ def forge_settings(emulator: ForgeEmulator, **changes: object) -> Settings:
 
 
 def emulator_forges(
-    emulator: ForgeEmulator, clock: VirtualClock, *, attempts: int = 1
+    emulator: ForgeEmulator, clock: VirtualClock, *, attempts: int = 1, post_interval_s: float = 0.0
 ) -> tuple[ForgeRegistry, SleepRecorder]:
     """Real GitHub and GitLab clients pointed at the emulator, sleeping on the virtual clock."""
     sleep = SleepRecorder(clock)
@@ -75,7 +78,7 @@ def emulator_forges(
         forge_settings(emulator),
         clock=clock.now,
         sleep=sleep,
-        options=ForgeOptions(retry=RetryPolicy(attempts=attempts), post_interval_s=0.0),
+        options=ForgeOptions(retry=RetryPolicy(attempts=attempts), post_interval_s=post_interval_s),
     )
     return registry, sleep
 
@@ -138,4 +141,3 @@ async def run_all_chunks(
         )
         if outcome.job_complete:
             completed.append(outcome.job_id)
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -253,9 +254,7 @@ async def test_a_deleted_pull_request_cancels_and_a_refusal_fails(
     gone_id = await reviewed_job(store, forges, book, clock, gone)
     refused_id = await reviewed_job(store, forges, book, clock, refused)
     del emulator.state.pulls[("github", "acme/shop", 16)]
-    emulator.state.add_fault(
-        "github.reviews.create", Fault(status=401, message="Bad credentials")
-    )
+    emulator.state.add_fault("github.reviews.create", Fault(status=401, message="Bad credentials"))
 
     cancelled = await post_job_review(store, forges, gone_id, now=clock.now())
     failed = await post_job_review(store, forges, refused_id, now=clock.now())
@@ -269,3 +268,27 @@ async def test_a_deleted_pull_request_cancels_and_a_refusal_fails(
     assert refused_job.last_error is not None and "401" in refused_job.last_error
     assert emulator.state.posted(kind="review") == []
     assert render_marker(refused_id) not in str(emulator.state.records)
+
+
+async def test_a_completion_racing_a_recovery_pass_posts_once(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+) -> None:
+    pull = emulator.state.add_pull("github", "acme/shop", 18, files=[SMELLY])
+    job_id = await reviewed_job(store, forges, book, clock, pull)
+    # A slow POST: the other poster looks (and finds nothing) while this one is in flight.
+    emulator.state.add_fault("github.reviews.create", Fault.slow(0.5))
+
+    completion, recovery = await asyncio.gather(
+        post_job_review(store, forges, job_id, now=clock.now(), settings=PostingSettings()),
+        post_unposted(store, forges, now=clock.now(), settings=PostingSettings()),
+    )
+
+    results = [completion.result, *(o.result for o in recovery)]
+    # Whoever claims first posts; the other finds it claimed or done (or not unposted at all).
+    assert results.count("posted") == 1
+    assert set(results) <= {"posted", "skipped"}
+    assert len(reviews_of(emulator, pull)) == 1

@@ -398,10 +398,10 @@ DEFER_JOB = _sql(
     """
     UPDATE review_jobs
     SET attempts = attempts + 1, last_error = :error,
-        request = request || jsonb_build_object(
+        request = (request || jsonb_build_object(
             'retry_at', CAST(:retry_at AS text),
             CAST(:counter AS text),
-            COALESCE(CAST(request->>CAST(:counter AS text) AS integer), 0) + 1)
+            COALESCE(CAST(request->>CAST(:counter AS text) AS integer), 0) + 1)) - 'posting_until'
     WHERE id = :job_id AND state IN ('waiting', 'queued', 'running')
     RETURNING state, CAST(request->>CAST(:counter AS text) AS integer) AS tries
     """
@@ -471,5 +471,20 @@ SUBMIT_NEW_JOB = _sql(
            (SELECT id FROM job) AS job_id,
            ARRAY(SELECT id FROM superseded) AS superseded,
            (SELECT count(*) FROM woken) AS woken
+    """
+)
+
+# Claim a finished job for posting until :until, unless another poster's claim is still valid:
+# a completion and a recovery pass (or two processes) never post the same review at once.
+CLAIM_POSTING = _sql(
+    """
+    UPDATE review_jobs
+    SET request = request || jsonb_build_object(
+            'posting_by', CAST(:owner AS text), 'posting_until', CAST(:until AS text))
+    WHERE id = :job_id AND state = 'running'
+      AND (request->>'posting_until' IS NULL
+           OR CAST(request->>'posting_until' AS timestamptz) <= :now
+           OR request->>'posting_by' = :owner)
+    RETURNING id
     """
 )

@@ -655,7 +655,7 @@ class QueueStore:
                     "lease_expires_at": now + timedelta(seconds=lease_s),
                 },
             )
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return int(result.rowcount)
 
     async def finish_chunk(
         self,
@@ -1017,6 +1017,24 @@ class QueueStore:
         """
         rows = await self._fetch_all(sql.SELECT_UNPOSTED_JOBS, {"limit": limit, "now": now})
         return [_job_from_row(row) for row in rows]
+
+    async def claim_posting(
+        self, job_id: int, *, owner: str, now: datetime, lease_s: float
+    ) -> bool:
+        """Claim a running job's posting for `lease_s`; False while another poster holds it."""
+        async with self._single_statement() as conn:
+            row = (
+                await conn.execute(
+                    sql.CLAIM_POSTING,
+                    {
+                        "job_id": job_id,
+                        "owner": owner,
+                        "now": now,
+                        "until": (now + timedelta(seconds=lease_s)).isoformat(),
+                    },
+                )
+            ).first()
+        return row is not None
 
     async def defer_job(
         self, job_id: int, *, now: datetime, retry_at: datetime, error: str, kind: str

@@ -11,6 +11,9 @@ from typing import Any
 from bot.model import ChunkPlan, FileChange
 
 DEFAULT_LINE_BUDGET = 400
+# A review larger than this starts with a smaller first chunk: its wait ends when the first call
+# starts, so under a burst it starts after a short call and continues in full-size chunks.
+DEFAULT_FIRST_BUDGET = 100
 
 # Returns a reason (or True) when the review leaves the file out, None/False to review it.
 SkipPredicate = Callable[[str, str | None], object]
@@ -160,13 +163,19 @@ def _even_split(lines: int, budget: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(count)]
 
 
-def _pack(pieces: Sequence[_Piece], budget: int) -> tuple[ChunkPlan, ...]:
-    """Group pieces in order into chunks of at most `budget` lines (a larger piece stands alone)."""
+def _pack(
+    pieces: Sequence[_Piece], budget: int, first_budget: int | None = None
+) -> tuple[ChunkPlan, ...]:
+    """Group pieces in order into chunks of at most `budget` lines (a larger piece stands alone).
+
+    The first chunk holds at most `first_budget` lines when given (its pieces are cut to fit).
+    """
     chunks: list[ChunkPlan] = []
     current: list[Mapping[str, Any]] = []
     current_lines = 0
     for piece in pieces:
-        if current and current_lines + piece.lines > budget:
+        limit = budget if chunks or first_budget is None else first_budget
+        if current and current_lines + piece.lines > limit:
             chunks.append(ChunkPlan(files=tuple(current), lines=current_lines))
             current, current_lines = [], 0
         current.append(piece.entry)
@@ -174,6 +183,58 @@ def _pack(pieces: Sequence[_Piece], budget: int) -> tuple[ChunkPlan, ...]:
     if current:
         chunks.append(ChunkPlan(files=tuple(current), lines=current_lines))
     return tuple(chunks)
+
+
+def _cut_piece(piece: _Piece, head_lines: int) -> tuple[_Piece, _Piece]:
+    """Cut a piece into a head of at most `head_lines` changed lines and the rest."""
+    entry = piece.entry
+    patch = entry.get("patch")
+    if patch:
+        parts = _split_patch(patch, head_lines)
+        head_text, head = parts[0]
+        tail_text = "\n".join(text for text, _ in parts[1:])
+        tail = piece.lines - head
+        head_entry = {**entry, "lines": head, "patch": head_text}
+        tail_entry = {**entry, "lines": tail, "patch": tail_text}
+    else:
+        head = head_lines
+        tail = piece.lines - head
+        head_entry = {**entry, "lines": head}
+        tail_entry = {**entry, "lines": tail}
+    return _Piece(head_entry, head), _Piece(tail_entry, tail)
+
+
+def _renumber_parts(pieces: Sequence[_Piece]) -> list[_Piece]:
+    """Number the parts of each file again (1..n) after a cut; a whole file has no part keys."""
+    counts: dict[Any, int] = {}
+    for piece in pieces:
+        counts[piece.entry["index"]] = counts.get(piece.entry["index"], 0) + 1
+    seen: dict[Any, int] = {}
+    result: list[_Piece] = []
+    for piece in pieces:
+        index = piece.entry["index"]
+        entry = {k: v for k, v in piece.entry.items() if k not in ("part", "parts")}
+        if counts[index] > 1:
+            seen[index] = seen.get(index, 0) + 1
+            entry.update(part=seen[index], parts=counts[index])
+        result.append(_Piece(entry, piece.lines))
+    return result
+
+
+def _with_first_chunk(
+    pieces: Sequence[_Piece], *, line_budget: int, first_budget: int | None
+) -> tuple[ChunkPlan, ...]:
+    """Pack pieces, the first chunk to `first_budget` lines when the review is larger than that."""
+    total = sum(piece.lines for piece in pieces)
+    if first_budget is None or first_budget >= line_budget or total <= 2 * first_budget:
+        return _pack(pieces, line_budget)
+    items = list(pieces)
+    if items and items[0].lines > first_budget:
+        head, tail = _cut_piece(items[0], first_budget)
+        if head.lines > 0 and tail.lines > 0:
+            items[0:1] = [head, tail]
+            items = _renumber_parts(items)
+    return _pack(items, line_budget, first_budget)
 
 
 def _skip_reason(skip: SkipPredicate | None, change: FileChange) -> str | None:
@@ -190,8 +251,12 @@ def plan_chunks(
     *,
     line_budget: int = DEFAULT_LINE_BUDGET,
     skip: SkipPredicate | None = None,
+    first_budget: int | None = DEFAULT_FIRST_BUDGET,
 ) -> ChunkingResult:
-    """Chunk a review's changed files; `skip(path, patch)` names files to leave out."""
+    """Chunk a review's changed files; `skip(path, patch)` names files to leave out.
+
+    A review over twice `first_budget` lines starts with a chunk of at most that many lines.
+    """
     if line_budget < 1:
         raise ValueError(f"line_budget must be at least 1, got {line_budget}")
     pieces: list[_Piece] = []
@@ -218,11 +283,15 @@ def plan_chunks(
                 pieces.append(_Piece(entry, part_lines))
         else:
             pieces.append(_Piece({**base, "lines": lines, "patch": change.patch}, lines))
-    return ChunkingResult(chunks=_pack(pieces, line_budget), skipped=tuple(skipped))
+    chunks = _with_first_chunk(pieces, line_budget=line_budget, first_budget=first_budget)
+    return ChunkingResult(chunks=chunks, skipped=tuple(skipped))
 
 
 def plan_chunks_from_lines(
-    file_lines: Sequence[int], *, line_budget: int = DEFAULT_LINE_BUDGET
+    file_lines: Sequence[int],
+    *,
+    line_budget: int = DEFAULT_LINE_BUDGET,
+    first_budget: int | None = DEFAULT_FIRST_BUDGET,
 ) -> ChunkingResult:
     """Chunk a review known only by changed lines per file (a trace's `file_lines`)."""
     if line_budget < 1:
@@ -237,7 +306,8 @@ def plan_chunks_from_lines(
             if len(counts) > 1:
                 entry.update(part=number, parts=len(counts))
             pieces.append(_Piece(entry, part_lines))
-    return ChunkingResult(chunks=_pack(pieces, line_budget))
+    chunks = _with_first_chunk(pieces, line_budget=line_budget, first_budget=first_budget)
+    return ChunkingResult(chunks=chunks)
 
 
 def plan_single_chunk(file_lines: Sequence[int]) -> ChunkingResult:

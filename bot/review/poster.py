@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -48,6 +50,9 @@ class PostingSettings:
     max_attempts: int = 5
     backoff_s: float = 30.0
     max_backoff_s: float = 1800.0
+    # A poster claims a job for this long, so a completion and a recovery pass never race.
+    claim_s: float = 600.0
+    owner: str = field(default_factory=lambda: f"poster-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,10 @@ async def post_job_review(
         error = f"no {job.forge} client is configured: the review cannot be posted"
         await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
         return PostingOutcome(job_id, "failed", detail=error)
+    if not await store.claim_posting(
+        job.id, owner=settings.owner, now=now, lease_s=settings.claim_s
+    ):
+        return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
     assembled: AssembledReview | None = None
     try:
         existing = await client.find_posted_review(job.repo, job.number, render_marker(job.id))

@@ -16,6 +16,7 @@ from bot.errors import LeaseLost, LLMError, ReviewBotError
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
 from bot.model import LEVELS, ChunkPlan, Job, JobState, Level, PolicyDecision, ReviewRequest
 from bot.queue.store import ChunkOutcome, Leased, QueueStore
+from bot.review.engine import ChunkReview, review_chunk
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
     MlfqSettings,
@@ -202,6 +203,7 @@ class Dispatcher:
         on_job_complete: JobCompleted | None = None,
         estimator: ServiceEstimator | None = None,
         plan_jobs: PlanJobs | None = None,
+        instructions: str | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -211,6 +213,7 @@ class Dispatcher:
         self.build_request = build_request
         self.on_job_complete = on_job_complete
         self.plan_jobs = plan_jobs
+        self.instructions = instructions
         self.estimator = estimator or ServiceEstimator.with_prior()
         self.held: dict[int, Leased] = {}
         self.jobs: dict[int, _JobFacts] = {}
@@ -367,6 +370,22 @@ class Dispatcher:
     async def complete(
         self, leased: Leased, response: LLMResponse, now: datetime
     ) -> ChunkOutcome | None:
+        """Store a raw backend answer (the replay's path); see complete_review."""
+        return await self.complete_review(
+            leased,
+            gpu_seconds=response.gpu_seconds,
+            result={"text": response.text, "worker": response.worker},
+            now=now,
+        )
+
+    async def complete_review(
+        self,
+        leased: Leased,
+        *,
+        gpu_seconds: float,
+        result: Mapping[str, Any],
+        now: datetime,
+    ) -> ChunkOutcome | None:
         """Store a finished chunk, learn from it, apply feedback; None when the lease was lost."""
         chunk = leased.chunk
         self.held.pop(chunk.id, None)
@@ -375,8 +394,8 @@ class Dispatcher:
                 chunk.id,
                 owner=self.settings.owner,
                 now=now,
-                gpu_seconds=response.gpu_seconds,
-                result={"text": response.text, "worker": response.worker},
+                gpu_seconds=gpu_seconds,
+                result=result,
             )
         except LeaseLost:
             log.warning(
@@ -391,7 +410,7 @@ class Dispatcher:
                 self.estimator = self.estimator.observe(
                     chunk_lines=chunk.lines,
                     job_lines=facts.total_lines,
-                    gpu_seconds=response.gpu_seconds,
+                    gpu_seconds=gpu_seconds,
                 )
             await self._feedback(outcome, now)
         if outcome.job_complete:
@@ -472,20 +491,34 @@ class Dispatcher:
         return self._stopping.is_set()
 
     async def _run_chunk(self, leased: Leased) -> None:
+        """Live mode: review one chunk through the review engine and store what it found."""
         try:
-            job = None
-            facts = await self.job_facts(leased.chunk.job_id)
-            if facts is not None:
-                job = await self.store.get_job(leased.chunk.job_id)
-            request = await self.build_request(job, leased)
+            job = await self.store.get_job(leased.chunk.job_id)
             try:
-                response = await self.backend.complete(request)
+                review = await self.review(job, leased)
             except LLMError as exc:
                 await self.fail(leased, exc, self.clock.now())
                 return
-            await self.complete(leased, response, self.clock.now())
+            await self.complete_review(
+                leased,
+                gpu_seconds=review.gpu_seconds,
+                result=review.to_result(),
+                now=self.clock.now(),
+            )
         finally:
             self._wake.set()
+
+    async def review(self, job: Job | None, leased: Leased) -> ChunkReview:
+        """Prompt, call and parse one chunk (one stricter retry on malformed output)."""
+        chunk = leased.chunk
+        request = await self.build_request(job, leased)
+        return await review_chunk(
+            self.backend,
+            chunk.files,
+            level=int(chunk.level),
+            metadata=request.metadata,
+            instructions=self.instructions,
+        )
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -537,8 +570,10 @@ class Dispatcher:
                 if loop.time() >= next_maintenance:
                     await self.maintain(now)
                     next_maintenance = loop.time() + self.settings.maintenance_s
-                await self.plan_pending(now)
-                for leased in await self.fill_slots(now):
+                await self.plan_pending(self.clock.now())
+                # Read the clock again: work submitted while we planned must not appear to
+                # start before it arrived.
+                for leased in await self.fill_slots(self.clock.now()):
                     task = asyncio.create_task(self._run_chunk(leased))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)

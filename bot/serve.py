@@ -1,0 +1,115 @@
+"""`bot serve`: the composition of web intake, dispatcher and background loops in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from typing import Literal
+
+from aiohttp import web
+
+from bot.app import create_app
+from bot.clock import SystemClock
+from bot.config import Settings
+from bot.db import upgrade_database
+from bot.errors import ConfigError
+from bot.forges.registry import build_forges
+from bot.llm.base import LLMBackend
+from bot.llm.factory import create_backend
+from bot.policy import load_policy_book
+from bot.queue.store import QueueStore
+from bot.review.poster import ReviewPipeline
+from bot.sched.dispatcher import Dispatcher, DispatcherSettings, ForgePlanner
+
+log = logging.getLogger(__name__)
+
+Role = Literal["web", "dispatcher", "all"]
+
+
+def worker_name() -> str:
+    """A lease owner unique to this process, readable in reports (host and pid)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def serve(
+    settings: Settings, *, role: Role, host: str, port: int, migrate: bool = True
+) -> None:
+    """Run until SIGTERM/SIGINT; on the way out, stop taking work and hand back what is held."""
+    if not settings.database_url:
+        raise ConfigError("DATABASE_URL is not set")
+    url = settings.database_url
+    # Fail fast, before anything is started: broken policies and half-configured forges.
+    policies = load_policy_book(settings.policy_dir)
+    if migrate:
+        await upgrade_database(url)
+    store = QueueStore.from_url(url, pool_size=max(10, settings.scheduler.workers + 4))
+    clock = SystemClock()
+    forges = build_forges(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, stop.set)
+
+    runner: web.AppRunner | None = None
+    backend: LLMBackend | None = None
+    dispatcher: Dispatcher | None = None
+    background: list[asyncio.Task[None]] = []
+    try:
+        if role in ("web", "all"):
+            app = create_app(settings, store=store, policies=policies, clock=clock, forges=forges)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, host, port, backlog=1024).start()
+            log.info(
+                "webhooks at http://%s:%s/webhooks/{github,gitlab}",
+                host,
+                port,
+                extra={"action": "serve_web"},
+            )
+        if role in ("dispatcher", "all"):
+            backend = create_backend(settings)
+            pipeline = ReviewPipeline(store, forges, policies)
+            dispatcher = Dispatcher(
+                store,
+                backend,
+                planner=ForgePlanner(forges, policy_book=policies),
+                settings=DispatcherSettings.from_scheduler(settings.scheduler, owner=worker_name()),
+                clock=clock,
+                on_job_complete=pipeline.job_completed,
+                plan_jobs=pipeline.plan_jobs,
+            )
+            background.append(asyncio.create_task(dispatcher.run(database_url=url)))
+            background.append(
+                asyncio.create_task(pipeline.run_recovery(clock, interval_s=30.0, stop=stop))
+            )
+            log.info(
+                "dispatcher %s with %d slots on the %s backend",
+                dispatcher.settings.owner,
+                dispatcher.settings.slots,
+                settings.llm_backend,
+                extra={"action": "serve_dispatcher"},
+            )
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopped, *background], return_when=asyncio.FIRST_COMPLETED)
+        for task in background:
+            failure = task.exception() if task.done() else None
+            if failure is not None:
+                raise failure
+        log.info("stopping", extra={"action": "serve_stop"})
+    finally:
+        stop.set()
+        if dispatcher is not None:
+            dispatcher.stop()
+        results = await asyncio.gather(*background, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                log.error("background task failed: %r", result, extra={"action": "serve_error"})
+        if runner is not None:
+            await runner.cleanup()
+        await forges.close()
+        if backend is not None:
+            await backend.close()
+        await store.close()

@@ -1,0 +1,154 @@
+"""`bot serve --role all` as a real process: a signed webhook in, a review posted, SIGTERM out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.forges.emulator import (
+    EmulatorState,
+    ForgeEmulator,
+    build_github_pull_request_event,
+    generate_file_changes,
+    send_webhook,
+)
+from tests.conftest import shared_dir
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SECRET = "serve-test-secret"
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _wait_until(predicate, *, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)  # a real process on the other side: poll its effects
+
+
+async def test_serve_all_reviews_a_pull_request_and_stops_cleanly(db_url: str) -> None:
+    fixture = json.loads(
+        (shared_dir() / "fixtures" / "github" / "pull_request.opened.json").read_text()
+    )
+    state = EmulatorState()
+    async with ForgeEmulator(state) as emulator:
+        pull = state.add_pull(
+            "github",
+            "acme/shop",
+            42,
+            files=generate_file_changes(changed_lines=120, files=3, seed=7),
+            base_ref="main",
+        )
+        port = _free_port()
+        env = {
+            **os.environ,
+            "DATABASE_URL": db_url,
+            "GITHUB_WEBHOOK_SECRET": SECRET,
+            "GITLAB_WEBHOOK_TOKEN": SECRET,
+            "GITHUB_TOKEN": "ghp-serve-test",
+            "GITHUB_API_URL": emulator.github_url,
+            "GITLAB_URL": emulator.gitlab_url,
+            "GITLAB_TOKEN": "glpat-serve-test",
+            "REVIEW_BOT_LLM": "simulated",
+            "REVIEW_BOT_WORKERS": "2",
+            "PYTHONPATH": str(REPO_ROOT),
+        }
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot",
+            "serve",
+            "--role",
+            "all",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            env=env,
+            cwd=REPO_ROOT,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+
+            async def healthy() -> bool:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    assert process.returncode is None, "bot serve exited early"
+                    return False
+                writer.close()
+                await writer.wait_closed()
+                return True
+
+            await _wait_until(healthy, timeout_s=60, what="bot serve to listen")
+            payload = build_github_pull_request_event(
+                fixture,
+                action="opened",
+                repo="acme/shop",
+                number=42,
+                base_ref="main",
+                head_sha=pull.newest.head_sha,
+                base_sha=pull.newest.base_sha,
+                changed_files=3,
+                additions=100,
+                deletions=20,
+            )
+            answer = await send_webhook(
+                f"http://127.0.0.1:{port}/webhooks/github",
+                "github",
+                "pull_request",
+                payload,
+                SECRET,
+            )
+            assert answer.status == 202, answer
+
+            async def reviewed() -> bool:
+                return bool(state.posted(forge="github", kind="review", number=42))
+
+            await _wait_until(reviewed, timeout_s=60, what="the review to be posted")
+            assert len(state.posted(forge="github", kind="review", number=42)) == 1
+        finally:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+            _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+        log = stderr.decode()
+        assert process.returncode == 0, log
+        assert "stopping" in log
+
+
+async def test_serve_refuses_to_start_without_webhook_secrets(db_url: str) -> None:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"GITHUB_WEBHOOK_SECRET", "GITLAB_WEBHOOK_TOKEN", "REVIEW_BOT_INSECURE_DEV"}
+    }
+    env.update(DATABASE_URL=db_url, PYTHONPATH=str(REPO_ROOT))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "serve",
+        "--port",
+        str(_free_port()),
+        env=env,
+        cwd=REPO_ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode == 2
+    assert "GITHUB_WEBHOOK_SECRET" in stderr.decode()
