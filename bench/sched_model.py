@@ -66,7 +66,7 @@ class ModelConfig:
     update_rank: bool = True
     new_work_first: bool = True
     fresh_tier: bool = True
-    fresh_by_first_chunk: bool = False
+    fresh_by_first_chunk: bool = True
 
 
 @dataclass
@@ -492,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-update-rank", action="store_true")
     parser.add_argument("--no-new-first", action="store_true")
     parser.add_argument("--no-fresh-tier", action="store_true")
-    parser.add_argument("--first-chunk-rank", action="store_true")
+    parser.add_argument("--whole-job-rank", action="store_true", help="first chunks by job")
     parser.add_argument("--only", default=None)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--extended", action="store_true", help="more variants")
@@ -519,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             update_rank=not args.no_update_rank,
             new_work_first=not args.no_new_first,
             fresh_tier=not args.no_fresh_tier,
-            fresh_by_first_chunk=args.first_chunk_rank,
+            fresh_by_first_chunk=not args.whole_job_rank,
         )
         fifo = simulate(trace, replace(base, policy="fifo"), level_of)
         priority = simulate(trace, replace(base, policy="priority"), level_of)

@@ -282,9 +282,11 @@ async def test_a_completion_racing_a_recovery_pass_posts_once(
     # A slow POST: the other poster looks (and finds nothing) while this one is in flight.
     emulator.state.add_fault("github.reviews.create", Fault.slow(0.5))
 
+    # One pipeline shares one PostingSettings (one owner) between completion and recovery.
+    settings = PostingSettings()
     completion, recovery = await asyncio.gather(
-        post_job_review(store, forges, job_id, now=clock.now(), settings=PostingSettings()),
-        post_unposted(store, forges, now=clock.now(), settings=PostingSettings()),
+        post_job_review(store, forges, job_id, now=clock.now(), settings=settings),
+        post_unposted(store, forges, now=clock.now(), settings=settings),
     )
 
     results = [completion.result, *(o.result for o in recovery)]

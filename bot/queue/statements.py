@@ -483,8 +483,7 @@ CLAIM_POSTING = _sql(
             'posting_by', CAST(:owner AS text), 'posting_until', CAST(:until AS text))
     WHERE id = :job_id AND state = 'running'
       AND (request->>'posting_until' IS NULL
-           OR CAST(request->>'posting_until' AS timestamptz) <= :now
-           OR request->>'posting_by' = :owner)
+           OR CAST(request->>'posting_until' AS timestamptz) <= :now)
     RETURNING id
     """
 )

@@ -11,8 +11,9 @@ from typing import Any
 from bot.model import ChunkPlan, FileChange
 
 DEFAULT_LINE_BUDGET = 400
-# A review larger than this starts with a smaller first chunk: its wait ends when the first call
-# starts, so under a burst it starts after a short call and continues in full-size chunks.
+# A review that needs more than one chunk starts with a chunk of at most this many lines: its
+# wait ends when the first call starts, so under a burst it starts after a short call and goes
+# on in full-size chunks, at the price of one more call overhead.
 DEFAULT_FIRST_BUDGET = 100
 
 # Returns a reason (or True) when the review leaves the file out, None/False to review it.
@@ -224,9 +225,9 @@ def _renumber_parts(pieces: Sequence[_Piece]) -> list[_Piece]:
 def _with_first_chunk(
     pieces: Sequence[_Piece], *, line_budget: int, first_budget: int | None
 ) -> tuple[ChunkPlan, ...]:
-    """Pack pieces, the first chunk to `first_budget` lines when the review is larger than that."""
+    """Pack pieces; a review over `line_budget` lines gets a first chunk of `first_budget`."""
     total = sum(piece.lines for piece in pieces)
-    if first_budget is None or first_budget >= line_budget or total <= 2 * first_budget:
+    if first_budget is None or first_budget >= line_budget or total <= line_budget:
         return _pack(pieces, line_budget)
     items = list(pieces)
     if items and items[0].lines > first_budget:
@@ -255,7 +256,7 @@ def plan_chunks(
 ) -> ChunkingResult:
     """Chunk a review's changed files; `skip(path, patch)` names files to leave out.
 
-    A review over twice `first_budget` lines starts with a chunk of at most that many lines.
+    A review over `line_budget` lines starts with a chunk of at most `first_budget` lines.
     """
     if line_budget < 1:
         raise ValueError(f"line_budget must be at least 1, got {line_budget}")
