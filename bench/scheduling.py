@@ -2,7 +2,7 @@
 
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python -m bench.scheduling
 
-Runs the public trace (when ../shared is present) and three generated variants of the same
+Runs the public trace (when ../shared is present) and four generated variants of the same
 family, writes bench/results/scheduling.md (the table), scheduling.json and
 wait_distributions.png (waits per level, fifo vs mlfq).
 """
@@ -28,8 +28,8 @@ POLICIES = ("fifo", "priority", "mlfq")
 
 
 def benchmark_traces(include_public: bool = True) -> list[tuple[str, Trace]]:
-    """The public trace and three variants: another seed, a longer and larger morning, a
-    heavier tail of big changes."""
+    """The public trace and variants: another seed, a longer and larger morning, a heavier tail
+    of big changes, a sharper peak (55% of arrivals around a 600 s peak)."""
     traces: list[tuple[str, Trace]] = []
     if include_public and PUBLIC_TRACE.is_file():
         traces.append(("morning-burst", load_trace(PUBLIC_TRACE)))
@@ -38,6 +38,8 @@ def benchmark_traces(include_public: bool = True) -> list[tuple[str, Trace]]:
     traces.append(("1400-long", generate_trace(longer, seed=11)))
     heavy = TraceShape(large_share=0.06, large_tail=0.7, large_max_files=220)
     traces.append(("heavy-tail", generate_trace(heavy, seed=23)))
+    sharp = TraceShape(peak_share=0.55, peak_width_s=600)
+    traces.append(("sharp-peak", generate_trace(sharp, seed=5)))
     return traces
 
 

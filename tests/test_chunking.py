@@ -125,14 +125,19 @@ def test_single_chunk_covers_everything() -> None:
 @given(
     st.lists(st.integers(min_value=0, max_value=900), min_size=1, max_size=60),
     st.integers(min_value=1, max_value=500),
+    st.one_of(st.none(), st.integers(min_value=1, max_value=200)),
 )
 def test_chunking_keeps_every_line_once_and_respects_the_budget(
-    file_lines: list[int], budget: int
+    file_lines: list[int], budget: int, first_budget: int | None
 ) -> None:
-    result = plan_chunks_from_lines(file_lines, line_budget=budget)
+    result = plan_chunks_from_lines(file_lines, line_budget=budget, first_budget=first_budget)
     assert result.total_lines == sum(file_lines)
     assert all(chunk.lines <= budget for chunk in result.chunks)
+    small_first = first_budget is not None and first_budget < budget < sum(file_lines)
+    if small_first:
+        assert result.chunks[0].lines <= first_budget
     per_file: dict[int, int] = {}
+    parts: dict[int, list[tuple[int, int]]] = {}
     previous = -1
     for chunk in result.chunks:
         assert chunk.lines == sum(entry["lines"] for entry in chunk.files)
@@ -140,10 +145,38 @@ def test_chunking_keeps_every_line_once_and_respects_the_budget(
             assert entry["index"] >= previous
             previous = entry["index"]
             per_file[entry["index"]] = per_file.get(entry["index"], 0) + entry["lines"]
+            if "part" in entry:
+                parts.setdefault(entry["index"], []).append((entry["part"], entry["parts"]))
     assert per_file == dict(enumerate(file_lines))
+    for numbers in parts.values():
+        assert numbers == [(n, len(numbers)) for n in range(1, len(numbers) + 1)]
     # greedy packing: two neighbours never fit together in one chunk
-    for left, right in zip(result.chunks, result.chunks[1:], strict=False):
-        assert left.lines + right.files[0]["lines"] > budget
+    for position, (left, right) in enumerate(zip(result.chunks, result.chunks[1:], strict=False)):
+        limit = first_budget if small_first and position == 0 else budget
+        assert left.lines + right.files[0]["lines"] > limit
+
+
+def test_a_multi_chunk_review_starts_with_a_small_chunk() -> None:
+    result = plan_chunks_from_lines([300, 250], line_budget=400, first_budget=100)
+    assert [chunk.lines for chunk in result.chunks] == [100, 200, 250]
+    assert result.chunks[0].files[0] == {"index": 0, "lines": 100, "part": 1, "parts": 2}
+    assert result.chunks[1].files[0] == {"index": 0, "lines": 200, "part": 2, "parts": 2}
+    # a review that fits one chunk stays one call
+    assert len(plan_chunks_from_lines([150, 200], line_budget=400, first_budget=100).chunks) == 1
+    whole = plan_chunks_from_lines([300, 250], line_budget=400, first_budget=None)
+    assert [chunk.lines for chunk in whole.chunks] == [300, 250]
+
+
+def test_the_small_first_chunk_cuts_a_patch_by_hunks() -> None:
+    patch = _patch([(1, 60), (100, 60), (200, 60)])
+    files = [FileChange("big.py", additions=90, deletions=90, patch=patch)]
+    result = plan_chunks(files, line_budget=150, first_budget=60)
+    assert [chunk.lines for chunk in result.chunks] == [60, 120]
+    entries = [entry for chunk in result.chunks for entry in chunk.files]
+    assert [(entry["part"], entry["parts"]) for entry in entries] == [(1, 3), (2, 3), (3, 3)]
+    starts = [entry["patch"].splitlines()[0].split(" ")[1] for entry in entries]
+    assert starts == ["-1,31", "-100,31", "-200,31"]
+    assert sum(count_changed_lines(entry["patch"]) for entry in entries) == 180
 
 
 @given(

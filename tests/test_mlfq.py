@@ -196,3 +196,12 @@ def test_first_chunks_rank_before_continuations_and_short_before_long() -> None:
         rank_chunks([400, 400], estimator=estimator, new_work_first=False)[1]
         < CONTINUATION_RANK_OFFSET
     )
+
+
+def test_a_small_first_chunk_lets_a_large_review_start_before_a_mid_sized_one() -> None:
+    estimator = ServiceEstimator.with_prior()
+    large = rank_chunks([100, 400, 400], estimator=estimator)
+    mid = rank_chunks([300], estimator=estimator)
+    assert large[0] < mid[0] < CONTINUATION_RANK_OFFSET
+    whole_job = rank_chunks([100, 400, 400], estimator=estimator, fresh_by_first_chunk=False)
+    assert whole_job[0] > mid[0]

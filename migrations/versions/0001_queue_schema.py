@@ -76,7 +76,8 @@ def upgrade() -> None:
         sa.Column("review", postgresql.JSONB(astext_type=sa.Text()), nullable=True),
         sa.Column("superseded_by", sa.BigInteger(), nullable=True),
         sa.CheckConstraint(
-            "state IN ('waiting', 'queued', 'running', 'done', 'failed', 'dead', 'superseded', 'cancelled')",
+            "state IN ('waiting', 'queued', 'running', 'done', 'failed', 'dead',"
+            " 'superseded', 'cancelled')",
             name=op.f("ck_review_jobs_state"),
         ),
         sa.CheckConstraint(
