@@ -15,7 +15,7 @@ from bot.forges.base import ForgeClient
 from bot.intake.app import IntakeConfig, setup_intake
 from bot.obs.alerts import setup_alerts
 from bot.obs.dashboard import setup_admin
-from bot.obs.metrics import setup_metrics
+from bot.obs.metrics import Metrics, setup_metrics
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueStore
 
@@ -38,6 +38,7 @@ def create_app(
     policies: PolicyBook | None = None,
     clock: Clock | None = None,
     forges: Mapping[str, ForgeClient] | None = None,
+    metrics: Metrics | None = None,
 ) -> web.Application:
     """Build the web application; raises ConfigError (missing secrets) or PolicyError."""
     check_webhook_secrets(settings)
@@ -66,7 +67,7 @@ def create_app(
             max_body_bytes=settings.max_body_bytes,
         ),
     )
-    metrics = setup_metrics(app, engine=store.engine, clock=used_clock)
+    metrics = setup_metrics(app, engine=store.engine, clock=used_clock, metrics=metrics)
     setup_admin(
         app,
         admin_token=settings.admin_token,
@@ -80,6 +81,21 @@ def create_app(
     if forges:
         # Slash commands run off the webhook path, in a worker started with the app.
         setup_commands(app, store=store, forges=forges, policies=book, clock=used_clock)
+    return app
+
+
+def create_worker_app(store: QueueStore, *, metrics: Metrics, clock: Clock) -> web.Application:
+    """What a dispatcher-only process serves: `/healthz` and `/metrics`, nothing else."""
+    app = web.Application(middlewares=[error_middleware])
+    app[STORE_KEY] = store
+    app[CLOCK_KEY] = clock
+    setup_metrics(app, engine=store.engine, clock=clock, metrics=metrics, count_webhooks=False)
+
+    async def health(request: web.Request) -> web.Response:
+        await store.ping()  # StoreUnavailable becomes a 503 in the middleware
+        return web.json_response({"status": "ok"})
+
+    app.router.add_get("/healthz", health)
     return app
 
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from bot.app import create_app
+from bot.app import create_app, create_worker_app
 from bot.clock import SystemClock
 from bot.config import Settings
 from bot.db import upgrade_database
@@ -19,6 +19,7 @@ from bot.errors import ConfigError
 from bot.forges.registry import build_forges
 from bot.llm.base import LLMBackend
 from bot.llm.factory import create_backend
+from bot.obs.metrics import Metrics
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.poster import ReviewPipeline
@@ -53,16 +54,27 @@ async def serve(
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signal_number, stop.set)
 
+    metrics = Metrics()
     runner: web.AppRunner | None = None
     backend: LLMBackend | None = None
     dispatcher: Dispatcher | None = None
     background: list[asyncio.Task[None]] = []
     try:
         if role in ("web", "all"):
-            app = create_app(settings, store=store, policies=policies, clock=clock, forges=forges)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, host, port, backlog=1024).start()
+            app = create_app(
+                settings,
+                store=store,
+                policies=policies,
+                clock=clock,
+                forges=forges,
+                metrics=metrics,
+            )
+        else:  # a dispatcher alone still answers health checks and scrapes
+            app = create_worker_app(store, metrics=metrics, clock=clock)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port, backlog=1024).start()
+        if role in ("web", "all"):
             log.info(
                 "webhooks at http://%s:%s/webhooks/{github,gitlab}",
                 host,
@@ -71,7 +83,7 @@ async def serve(
             )
         if role in ("dispatcher", "all"):
             backend = create_backend(settings)
-            pipeline = ReviewPipeline(store, forges, policies)
+            pipeline = ReviewPipeline(store, forges, policies, metrics=metrics)
             dispatcher = Dispatcher(
                 store,
                 backend,
@@ -80,6 +92,7 @@ async def serve(
                 clock=clock,
                 on_job_complete=pipeline.job_completed,
                 plan_jobs=pipeline.plan_jobs,
+                metrics=metrics,
             )
             background.append(asyncio.create_task(dispatcher.run(database_url=url)))
             background.append(

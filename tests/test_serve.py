@@ -10,6 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from bot.forges.emulator import (
@@ -122,6 +123,30 @@ async def test_serve_all_reviews_a_pull_request_and_stops_cleanly(db_url: str) -
 
             await _wait_until(reviewed, timeout_s=60, what="the review to be posted")
             assert len(state.posted(forge="github", kind="review", number=42)) == 1
+            samples: dict[str, float] = {}
+
+            async def job_recorded() -> bool:
+                # The review is visible on the forge a moment before the job is recorded done.
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{port}/metrics") as response,
+                ):
+                    assert response.status == 200
+                    scraped = await response.text()
+                samples.clear()
+                samples.update(
+                    (line.split(" ")[0], float(line.split(" ")[1]))
+                    for line in scraped.splitlines()
+                    if line and not line.startswith("#")
+                )
+                return samples.get('review_bot_turnaround_seconds_count{level="P1"}') == 1
+
+            await _wait_until(job_recorded, timeout_s=30, what="the turnaround metric")
+            assert samples['review_bot_wait_seconds_count{level="P1"}'] == 1
+            assert samples['review_bot_webhooks_total{forge="github",outcome="queued"}'] == 1
+            assert (
+                sum(v for k, v in samples.items() if k.startswith("review_bot_chunks_total")) >= 1
+            )
         finally:
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)

@@ -23,6 +23,7 @@ from bot.forges.base import (
     render_marker,
 )
 from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
+from bot.obs.metrics import Metrics
 from bot.policy import PolicyBook
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
@@ -301,7 +302,9 @@ class ReviewPipeline:
         planning: PlanningSettings | None = None,
         posting: PostingSettings | None = None,
         plan_limit: int = 20,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.store = store
         self.forges = forges
         self.policy = policy
@@ -327,7 +330,21 @@ class ReviewPipeline:
 
     async def job_completed(self, job_id: int, now: datetime) -> None:
         """Post a job whose last chunk finished (the dispatcher's `on_job_complete`)."""
-        await post_job_review(self.store, self.forges, job_id, now=now, settings=self.posting)
+        outcome = await post_job_review(
+            self.store, self.forges, job_id, now=now, settings=self.posting
+        )
+        if self.metrics is None:
+            return
+        job = await self.store.get_job(job_id)
+        if job is None:
+            return
+        if outcome.result in ("failed", "deferred"):
+            self.metrics.count_post_failure(job.forge)
+        elif job.state == JobState.DONE and job.finished_at is not None:
+            ready = job.ready_at or job.enqueued_at
+            self.metrics.observe_turnaround(
+                job.base_level, (job.finished_at - ready).total_seconds()
+            )
 
     async def recover(self, now: datetime) -> list[PostingOutcome]:
         """Post what a crash left unposted, and deferred posts whose retry time came."""

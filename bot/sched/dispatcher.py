@@ -15,6 +15,7 @@ from bot.config import SchedulerSettings
 from bot.errors import LeaseLost, LLMError, ReviewBotError
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
 from bot.model import LEVELS, ChunkPlan, Job, JobState, Level, PolicyDecision, ReviewRequest
+from bot.obs.metrics import Metrics
 from bot.queue.store import ChunkOutcome, Leased, QueueStore
 from bot.review.engine import ChunkReview, review_chunk
 from bot.sched.mlfq import (
@@ -204,6 +205,7 @@ class Dispatcher:
         estimator: ServiceEstimator | None = None,
         plan_jobs: PlanJobs | None = None,
         instructions: str | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -214,6 +216,7 @@ class Dispatcher:
         self.on_job_complete = on_job_complete
         self.plan_jobs = plan_jobs
         self.instructions = instructions
+        self.metrics = metrics
         self.estimator = estimator or ServiceEstimator.with_prior()
         self.held: dict[int, Leased] = {}
         self.jobs: dict[int, _JobFacts] = {}
@@ -440,7 +443,7 @@ class Dispatcher:
         """Count a failed call: the store retries it later or ends the job dead."""
         self.held.pop(leased.chunk.id, None)
         try:
-            return await self.store.fail_chunk(
+            outcome = await self.store.fail_chunk(
                 leased.chunk.id,
                 owner=self.settings.owner,
                 now=now,
@@ -449,6 +452,9 @@ class Dispatcher:
             )
         except LeaseLost:
             return None
+        if outcome.job_dead and self.metrics is not None:
+            self.metrics.count_dead()
+        return outcome
 
     async def _job_done(self, job_id: int, now: datetime) -> None:
         self.jobs.pop(job_id, None)
@@ -464,7 +470,9 @@ class Dispatcher:
                 now=now, interval_s=self.settings.mlfq.aging_interval_s
             )
             self.level_changes += raised
-        await self.store.reclaim_expired(now=now)
+        reclaimed = await self.store.reclaim_expired(now=now)
+        if reclaimed and self.metrics is not None:
+            self.metrics.count_reclaims(reclaimed)
 
     async def release_all(self, now: datetime) -> int:
         """Give back every chunk this process holds (shutdown)."""
@@ -494,11 +502,21 @@ class Dispatcher:
         """Live mode: review one chunk through the review engine and store what it found."""
         try:
             job = await self.store.get_job(leased.chunk.job_id)
+            if self.metrics is not None and job is not None and leased.first_start:
+                started = leased.chunk.started_at or self.clock.now()
+                ready = job.ready_at or job.enqueued_at
+                self.metrics.observe_wait(job.base_level, (started - ready).total_seconds())
             try:
                 review = await self.review(job, leased)
             except LLMError as exc:
                 await self.fail(leased, exc, self.clock.now())
                 return
+            if self.metrics is not None:
+                usage = review.usage
+                self.metrics.observe_chunk(self.settings.owner, review.gpu_seconds)
+                self.metrics.observe_llm(
+                    usage.latency_s, usage.prompt_tokens, usage.completion_tokens
+                )
             await self.complete_review(
                 leased,
                 gpu_seconds=review.gpu_seconds,
