@@ -23,6 +23,8 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Alembic announces each of its plugins at INFO on import: noise for every command.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def _require_database(settings: Settings) -> str:

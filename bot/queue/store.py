@@ -113,6 +113,21 @@ class Leased:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+UNDEFINED_TABLE = "42P01"
+
+
+def _translate_database_error(exc: DBAPIError) -> StoreError:
+    """Our error for a driver error: outages, a missing schema, anything else."""
+    if exc.connection_invalidated:
+        return StoreUnavailable(f"database connection lost: {exc.orig}")
+    if getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE:
+        return StoreError(
+            "the database has no review-bot schema (or an old one): run `bot db upgrade`"
+            f" ({exc.orig})"
+        )
+    return StoreError(f"database error: {exc}")
+
+
 def dedupe_key_for(request: ReviewRequest) -> str:
     """One review per change: forge, repository, number and head sha."""
     return f"{request.forge}:{request.repo}#{request.number}@{request.head_sha}"
@@ -219,9 +234,7 @@ class QueueStore:
         except (OperationalError, InterfaceError, OSError, ConnectionError) as exc:
             raise StoreUnavailable(f"database unavailable: {exc}") from exc
         except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise StoreUnavailable(f"database connection lost: {exc}") from exc
-            raise StoreError(f"database error: {exc}") from exc
+            raise _translate_database_error(exc) from exc
 
     @asynccontextmanager
     async def _single_statement(self) -> AsyncIterator[AsyncConnection]:
@@ -232,9 +245,7 @@ class QueueStore:
         except (OperationalError, InterfaceError, OSError, ConnectionError) as exc:
             raise StoreUnavailable(f"database unavailable: {exc}") from exc
         except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise StoreUnavailable(f"database connection lost: {exc}") from exc
-            raise StoreError(f"database error: {exc}") from exc
+            raise _translate_database_error(exc) from exc
 
     async def _notify(self, conn: AsyncConnection, payload: str) -> None:
         if self.settings.notify:
