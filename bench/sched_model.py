@@ -113,8 +113,9 @@ def simulate(
     trace: Trace,
     config: ModelConfig,
     level_of: Callable[[TraceRequest], Level | None],
+    collect: list[RequestOutcome] | None = None,
 ) -> dict[str, Any]:
-    """Run the model; returns the same object as `bot simulate --json`."""
+    """Run the model; returns the same object as `bot simulate --json` (`collect`: outcomes)."""
     overhead = config.overhead_s
     settings = config.mlfq
     estimator = ServiceEstimator.with_prior(overhead_s=overhead)
@@ -318,6 +319,8 @@ def simulate(
         )
         for job in jobs
     ]
+    if collect is not None:
+        collect.extend(outcomes)
     return summarize(
         outcomes, policy=config.policy, requests=len(jobs), gpu_s=gpu_total, workers=config.workers
     )

@@ -118,6 +118,25 @@ async def test_a_hotfix_pull_request_is_p0(client: Client, store: QueueStore) ->
     assert job is not None and job.level is Level.P0
 
 
+async def test_closing_without_merge_cancels_the_queued_review(
+    client: Client, store: QueueStore
+) -> None:
+    opened = load_fixture("github/pull_request.opened.json")
+    queued = await (await post(client, opened)).json()
+    closed = load_fixture("github/pull_request.closed.not_merged.json").payload
+    closed["repository"]["full_name"] = opened.payload["repository"]["full_name"]
+    closed["pull_request"]["number"] = opened.payload["pull_request"]["number"]
+    fixture = load_fixture("github/pull_request.closed.not_merged.json").with_payload(closed)
+    answer = await (await post(client, fixture, "close-1")).json()
+    assert answer["status"] == "closed"
+    assert answer["cancelled"] == [queued["job_id"]]
+    job = await store.get_job(queued["job_id"])
+    assert job is not None and job.state == JobState.CANCELLED
+    assert (await store.job_history(job.id))[-1].reason == "pull request closed without merging"
+    again = await (await post(client, fixture, "close-1")).json()
+    assert again["status"] == "duplicate"
+
+
 async def test_gitlab_merge_request_size_is_pending(client: Client) -> None:
     answer = await (
         await post(client, load_fixture("gitlab/merge_request_hook.open.gitlab_com.json"))

@@ -9,6 +9,7 @@ import pytest
 
 from bot.errors import WebhookError
 from bot.intake.normalize import (
+    Closed,
     Commands,
     Ignored,
     Normalized,
@@ -64,6 +65,9 @@ def test_every_fixture_goes_through_intake(name: str) -> None:
     elif kind == "pong":
         assert isinstance(outcome, Pong)
         assert outcome.zen
+    elif kind == "closed":
+        assert isinstance(outcome, Closed), outcome
+        assert outcome.repo and outcome.number > 0 and "without merging" in outcome.reason
     else:
         assert isinstance(outcome, Ignored), outcome
         assert outcome.reason

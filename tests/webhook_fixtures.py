@@ -17,14 +17,15 @@ GITLAB_TOKEN = "fixture-token"
 COMMENT_PLACEHOLDER = "###comment body###"
 
 # What each recorded delivery becomes: "request" (a review request with that action),
-# "commands", "ignored" or "pong". Every file in the directory must be listed here.
+# "commands", "closed" (closed without merging: cancels its queued review), "ignored" or
+# "pong". Every file in the directory must be listed here.
 EXPECTED: dict[str, tuple[str, str | None]] = {
     "github/pull_request.opened.json": ("request", "opened"),
     "github/pull_request.opened.null_body.json": ("request", "opened"),
     "github/pull_request.synchronize.json": ("request", "synchronize"),
     "github/pull_request.labeled.json": ("request", "labeled"),
     "github/pull_request.closed.merged.json": ("request", "merged"),
-    "github/pull_request.closed.not_merged.json": ("ignored", None),
+    "github/pull_request.closed.not_merged.json": ("closed", None),
     "github/issue_comment.created.on_pull_request.json": ("ignored", None),  # placeholder body
     "github/issue_comment.created.on_issue.json": ("ignored", None),
     "github/issue_comment.created.on_issue.with_installation.json": ("ignored", None),
@@ -42,7 +43,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "gitlab/merge_request_hook.update.new_commits.json": ("request", "synchronize"),
     "gitlab/merge_request_hook.update.edited.json": ("ignored", None),
     "gitlab/merge_request_hook.merge.json": ("request", "merged"),
-    "gitlab/merge_request_hook.close.json": ("ignored", None),
+    "gitlab/merge_request_hook.close.json": ("closed", None),
     "gitlab/note_hook.merge_request.atlantis.json": ("ignored", None),  # "This MR needs work."
     "gitlab/note_hook.merge_request.docs.json": ("ignored", None),
     "gitlab/pipeline_hook.docs.json": ("ignored", None),

@@ -15,6 +15,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from bot.clock import Clock
 from bot.errors import StoreUnavailable, WebhookError
 from bot.intake.normalize import (
+    Closed,
     Commands,
     Ignored,
     Normalized,
@@ -141,6 +142,8 @@ async def record_outcome(
     action = clean_text(raw_action)[:100] if isinstance(raw_action, str) else None
     if isinstance(outcome, ReviewRequest):
         return await _submit(config, delivery, outcome, now=now)
+    if isinstance(outcome, Closed):
+        return await _cancel(config, delivery, outcome, action=action, now=now)
     if isinstance(outcome, Pong):
         status, detail, reasons = "pong", {"zen": outcome.zen}, ["the hook works"]
     elif isinstance(outcome, Ignored):
@@ -161,6 +164,44 @@ async def record_outcome(
     answer: dict[str, Any] = {"status": status, "job_id": None, "level": None, "reasons": reasons}
     if isinstance(outcome, Commands):
         answer["commands"] = detail["commands"]
+    return answer, 200
+
+
+async def _cancel(
+    config: IntakeConfig,
+    delivery: Delivery,
+    closed: Closed,
+    *,
+    action: str | None,
+    now: datetime,
+) -> tuple[dict[str, Any], int]:
+    """A PR closed without merging: record the delivery once, cancel its live reviews."""
+    created = await config.store.record_delivery(
+        delivery_id=delivery.delivery_id,
+        forge=delivery.forge,
+        event=delivery.event,
+        action=action,
+        outcome="closed",
+        now=now,
+        detail={"repo": closed.repo, "number": closed.number, "reason": closed.reason},
+    )
+    if not created:
+        return _duplicate(delivery, reasons=[], job_id=None), 200
+    cancelled = await config.store.cancel_pull(
+        forge=closed.forge,
+        repo=closed.repo,
+        number=closed.number,
+        now=now,
+        reason=closed.reason,
+        actor="intake",
+    )
+    answer = {
+        "status": "closed",
+        "job_id": None,
+        "level": None,
+        "reasons": [closed.reason],
+        "cancelled": [int(job_id) for job_id in cancelled],
+    }
     return answer, 200
 
 

@@ -56,7 +56,17 @@ class Commands:
     installation_id: int | None = None
 
 
-Normalized = ReviewRequest | Commands | Ignored | Pong
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """A PR/MR closed without merging: its queued review is no longer wanted."""
+
+    forge: Forge
+    repo: str
+    number: int
+    reason: str
+
+
+Normalized = ReviewRequest | Commands | Closed | Ignored | Pong
 
 
 def is_bot_author(login: str, *, user_type: str | None = None) -> bool:
@@ -101,7 +111,13 @@ def _github_pull_request(payload: Mapping[str, Any], delivery_id: str) -> Normal
     pull = _field(payload, "pull_request", dict)
     if action == "closed":
         if not _optional(pull, "merged", bool, path="pull_request.merged"):
-            return Ignored("pull request closed without merging")
+            repository = _field(payload, "repository", dict)
+            return Closed(
+                forge="github",
+                repo=clean_text(_field(repository, "full_name", str, path="repository.full_name")),
+                number=_field(pull, "number", int, path="pull_request.number"),
+                reason="pull request closed without merging",
+            )
         action = "merged"
     elif action not in GITHUB_PULL_REQUEST_ACTIONS:
         return Ignored(f"pull_request action {_shown(action)} does not change what to review")
@@ -186,6 +202,16 @@ def _gitlab_merge_request(payload: Mapping[str, Any], delivery_id: str) -> Norma
             action = "ready_for_review"
         else:
             return Ignored("merge request updated without new commits, base or label change")
+    if raw_action == "close":
+        project = _field(payload, "project", dict)
+        return Closed(
+            forge="gitlab",
+            repo=clean_text(
+                _field(project, "path_with_namespace", str, path="project.path_with_namespace")
+            ),
+            number=_field(attributes, "iid", int, path="object_attributes.iid"),
+            reason="merge request closed without merging",
+        )
     if action is None:
         return Ignored(f"merge request action {_shown(raw_action)} does not change what to review")
     project = _field(payload, "project", dict)
