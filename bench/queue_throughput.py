@@ -225,4 +225,6 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    from bot.runtime import run
+
+    raise SystemExit(run(main()))  # the loop `bot serve` runs on, for both queues

@@ -164,11 +164,12 @@ FETCH_CHUNK = _sql(
         FROM review_jobs j JOIN leased ON j.id = leased.job_id
     ),
     started AS (
+        -- Only a job's first chunk touches the job row: later ones need not (aging skips
+        -- jobs with a running chunk, and finishing a chunk records progress).
         UPDATE review_jobs j
-        SET state = 'running', first_started_at = COALESCE(j.first_started_at, :now),
-            last_progress_at = :now
-        FROM leased
-        WHERE j.id = leased.job_id
+        SET state = 'running', first_started_at = :now, last_progress_at = :now
+        FROM before
+        WHERE j.id = before.id AND before.first_start
     ),
     history AS (
         INSERT INTO job_history (job_id, at, kind, from_value, to_value, reason, actor)
@@ -251,6 +252,15 @@ RELEASE_CHUNK = _sql(
         attempts = GREATEST(attempts - 1, 0), available_at = :now
     WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
     RETURNING job_id
+    """
+)
+
+# Re-rank a job's continuation chunks that have not started (the scheduler's view of its
+# remaining work changed); its first chunk keeps its own rank.
+RERANK_CONTINUATIONS = _sql(
+    """
+    UPDATE review_chunks SET rank = :rank
+    WHERE job_id = :job_id AND seq > 0 AND state IN ('queued', 'blocked') AND rank <> :rank
     """
 )
 

@@ -780,8 +780,13 @@ class QueueStore:
             "job %s is dead: %s", job_id, error, extra={"action": "job_dead", "job_id": job_id}
         )
 
-    async def release_chunk(self, chunk_id: int, *, owner: str, now: datetime) -> bool:
-        """Give back a chunk this worker holds but will not finish (shutdown)."""
+    async def release_chunk(
+        self, chunk_id: int, *, owner: str, now: datetime, reason: str | None = None
+    ) -> bool:
+        """Give back a chunk this worker holds but will not finish (shutdown, preemption).
+
+        With a `reason` the release goes into the job's history (a preemption).
+        """
         async with self._transaction() as conn:
             row = (
                 await conn.execute(
@@ -789,8 +794,28 @@ class QueueStore:
                 )
             ).first()
             if row is not None:
+                if reason is not None:
+                    await self._history(
+                        conn,
+                        job_id=row.job_id,
+                        now=now,
+                        kind="state",
+                        from_value="chunk running",
+                        to_value="chunk queued",
+                        reason=reason,
+                        actor=owner,
+                        detail={"chunk_id": chunk_id},
+                    )
                 await self._notify(conn, "released")
         return row is not None
+
+    async def rerank_continuations(self, job_id: int, *, rank: float, now: datetime) -> int:
+        """Set the rank of a job's unstarted continuation chunks; returns how many changed."""
+        async with self._single_statement() as conn:
+            result = await conn.execute(
+                sql.RERANK_CONTINUATIONS, {"job_id": job_id, "rank": rank}
+            )
+        return int(result.rowcount)
 
     async def reclaim_expired(self, *, now: datetime) -> int:
         """Requeue chunks whose lease expired; those out of attempts end dead with their job."""

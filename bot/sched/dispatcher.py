@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from bot.clock import Clock
@@ -21,10 +21,14 @@ from bot.review.engine import ChunkReview, review_chunk
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
     MlfqSettings,
+    RunningCall,
     ServiceEstimator,
     SlotChoice,
     apply_feedback,
+    choose_preemption,
     choose_slot,
+    expected_chunk_s,
+    queue_ranks,
     rank_chunks,
 )
 
@@ -120,6 +124,8 @@ def install_signal_handlers(dispatcher: Dispatcher) -> None:
 
 RequestBuilder = Callable[[Job | None, Leased], Awaitable[LLMRequest]]
 JobCompleted = Callable[[int, datetime], Awaitable[None]]
+# Told of a running chunk the dispatcher took back for P0 work (the replay drops its completion).
+ChunkPreempted = Callable[[Leased, datetime], Awaitable[None]]
 # Plans pending jobs itself (bot.review.planner: skipped files kept, forge errors retried or
 # ending the job); gets the current estimator for the ranks, returns how many it handled.
 PlanJobs = Callable[[datetime, ServiceEstimator], Awaitable[int]]
@@ -160,6 +166,14 @@ class _JobFacts:
 
     total_lines: int
     chunk_lines: tuple[int, ...]
+    # Progress seen by this process, for re-ranking the job's unstarted continuations.
+    next_seq: int = 0
+    done_lines: int = 0
+    done_chunks: int = 0
+    done_gpu_s: float = 0.0
+    ranks: tuple[float, ...] = ()  # rank_chunks ranks from chunk `ranks_from` on
+    ranks_from: int = 0
+    stored_rank: float | None = None  # what the queued continuations carry now
 
 
 @dataclass(slots=True)
@@ -206,6 +220,7 @@ class Dispatcher:
         plan_jobs: PlanJobs | None = None,
         instructions: str | None = None,
         metrics: Metrics | None = None,
+        on_preempt: ChunkPreempted | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -221,9 +236,19 @@ class Dispatcher:
         self.held: dict[int, Leased] = {}
         self.jobs: dict[int, _JobFacts] = {}
         self.level_changes = 0
+        self.on_preempt = on_preempt
+        self.preemptions = 0
+        # When to look at the queue again although nothing happened: a P0 review waits for a
+        # call expected to end within the preemption grace, and must not wait longer.
+        self.recheck_at: datetime | None = None
+        self._p0_waiting_since: datetime | None = None
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Live mode: the LLM call of each running chunk, so preemption can cancel it.
+        self._live = False
+        self._calls: dict[int, asyncio.Task[ChunkReview]] = {}
+        self._preempted: set[int] = set()
 
     # --- pure-ish steps (the replay drives these under a virtual clock) ---------------------
 
@@ -266,12 +291,15 @@ class Dispatcher:
             )
             return
         lines = tuple(chunk.lines for chunk in plan.chunks)
-        self.jobs[job.id] = _JobFacts(total_lines=sum(lines), chunk_lines=lines)
+        facts = _JobFacts(total_lines=sum(lines), chunk_lines=lines)
+        self.jobs[job.id] = facts
         ranks: float | Sequence[float]
         if plan.rank is not None or self.settings.policy != "mlfq":
             ranks = plan.rank if plan.rank is not None else 0.0
         else:
-            ranks = self.ranks_for(lines)
+            facts.ranks = self.ranks_for(lines)
+            ranks = queue_ranks(facts.ranks)
+            facts.stored_rank = ranks[1] if len(ranks) > 1 else None
         await self.store.plan_job(
             job.id,
             plan.chunks,
@@ -314,11 +342,28 @@ class Dispatcher:
         )
 
     async def fill_slots(self, now: datetime) -> list[Leased]:
-        """Lease a chunk for each free slot the scheduler wants filled; returns them."""
+        """Lease a chunk for each free slot the scheduler wants filled; returns them.
+
+        Under mlfq a new P0 review that finds no free slot takes one back from a running
+        lower-level chunk (see `preempt`), then gets it here.
+        """
         leased: list[Leased] = []
-        if self.free_slots == 0 or self._stopping.is_set():
+        if self._stopping.is_set():
+            return leased
+        preempting = self.settings.policy == "mlfq" and self.settings.mlfq.preempt
+        if self.free_slots == 0 and not preempting:
             return leased
         load = await self._read_load(now) if self.settings.policy == "mlfq" else None
+        leased = await self._lease(load, now)
+        if load is not None and preempting:
+            taken = await self.preempt(load, now)
+            if taken:
+                leased += await self._lease(load, now)
+                await self.preempt(load, now)  # reset the wait, or a recheck if P0 still waits
+        return leased
+
+    async def _lease(self, load: _Load | None, now: datetime) -> list[Leased]:
+        leased: list[Leased] = []
         retried = False
         while self.free_slots > 0:
             if load is None:
@@ -345,7 +390,116 @@ class Dispatcher:
             leased.append(got)
             if load is not None:
                 self._account(load, got)
+                await self._rerank_after_lease(got, now)
         return leased
+
+    async def preempt(self, load: _Load, now: datetime) -> list[Leased]:
+        """Take back running lower-level chunks for new P0 reviews that have no free slot.
+
+        The chunk's call is cancelled (live) or dropped (replay, through `on_preempt`), and the
+        chunk goes back to the queue with its level and rank, no attempt counted.
+        """
+        waiting = load.fresh.get(Level.P0, 0)
+        if waiting <= 0 or self._stopping.is_set():
+            self._p0_waiting_since = None
+            self.recheck_at = None
+            return []
+        if self._p0_waiting_since is None:
+            self._p0_waiting_since = now
+        waited_s = (now - self._p0_waiting_since).total_seconds()
+        choice = choose_preemption(
+            waiting=waiting,
+            free_slots=self.free_slots,
+            running=self._running_calls(now),
+            waited_s=waited_s,
+            settings=self.settings.mlfq,
+        )
+        self.recheck_at = (
+            None if choice.recheck_in_s is None else now + timedelta(seconds=choice.recheck_in_s)
+        )
+        taken: list[Leased] = []
+        for chunk_id in choice.victims:
+            victim = self.held.get(chunk_id)
+            if victim is None or not self._cancel_call(chunk_id):
+                continue
+            del self.held[chunk_id]
+            chunk = victim.chunk
+            await self.store.release_chunk(
+                chunk_id, owner=self.settings.owner, now=now, reason=choice.reason
+            )
+            self.preemptions += 1
+            log.info(
+                "preempted chunk %s of job %s (%s) for P0 work: %s",
+                chunk_id,
+                chunk.job_id,
+                chunk.level,
+                choice.reason,
+                extra={"action": "preempt", "job_id": chunk.job_id},
+            )
+            if self.on_preempt is not None:
+                await self.on_preempt(victim, now)
+            rank = float(victim.extra.get("rank", 0.0))
+            load.running[chunk.level] = max(0, load.running.get(chunk.level, 0) - 1)
+            load.ready[chunk.level] = load.ready.get(chunk.level, 0) + 1
+            if rank < CONTINUATION_RANK_OFFSET:
+                load.fresh[chunk.level] = load.fresh.get(chunk.level, 0) + 1
+            if rank <= self.settings.mlfq.short_work_s:
+                load.short_ready[chunk.level] = load.short_ready.get(chunk.level, 0) + 1
+            else:
+                load.running_long = max(0, load.running_long - 1)
+            taken.append(victim)
+        return taken
+
+    def _running_calls(self, now: datetime) -> list[RunningCall]:
+        calls: list[RunningCall] = []
+        for chunk_id, held in self.held.items():
+            if self._live and chunk_id not in self._calls:
+                continue  # not in its LLM call (starting or storing its result)
+            chunk = held.chunk
+            facts = self.jobs.get(chunk.job_id)
+            started = chunk.started_at or now
+            calls.append(
+                RunningCall(
+                    chunk_id=chunk_id,
+                    level=chunk.level,
+                    elapsed_s=max(0.0, (now - started).total_seconds()),
+                    expected_s=expected_chunk_s(
+                        chunk_lines=chunk.lines,
+                        job_lines=facts.total_lines if facts is not None else chunk.lines,
+                        estimator=self.estimator,
+                    ),
+                )
+            )
+        return calls
+
+    def _cancel_call(self, chunk_id: int) -> bool:
+        """Live mode: cancel the chunk's LLM call (the HTTP request is aborted) if still on."""
+        if not self._live:
+            return True
+        call = self._calls.get(chunk_id)
+        if call is None or call.done():
+            return False
+        self._preempted.add(chunk_id)
+        call.cancel()
+        return True
+
+    async def _rerank_after_lease(self, leased: Leased, now: datetime) -> None:
+        facts = self.jobs.get(leased.chunk.job_id)
+        if facts is None or not facts.chunk_lines:
+            return
+        facts.next_seq = max(facts.next_seq, leased.chunk.seq + 1)
+        await self._store_rank(leased.chunk.job_id, facts, now)
+
+    async def _store_rank(self, job_id: int, facts: _JobFacts, now: datetime) -> None:
+        """Give the job's unstarted continuations the rank of its next chunk (see queue_ranks)."""
+        index = facts.next_seq - facts.ranks_from
+        if facts.next_seq < 1 or not 0 <= index < len(facts.ranks):
+            return
+        rank = facts.ranks[index]
+        if rank == facts.stored_rank:
+            return
+        facts.stored_rank = rank
+        await self.store.rerank_continuations(job_id, rank=rank, now=now)
 
     def _account(self, load: _Load, leased: Leased) -> None:
         level = leased.chunk.level
@@ -416,9 +570,31 @@ class Dispatcher:
                     gpu_seconds=gpu_seconds,
                 )
             await self._feedback(outcome, now)
+            if facts is not None and not outcome.job_complete:
+                await self._rerank_after_finish(chunk.job_id, facts, chunk.lines, gpu_seconds, now)
         if outcome.job_complete:
             await self._job_done(outcome.job_id, now)
         return outcome
+
+    async def _rerank_after_finish(
+        self, job_id: int, facts: _JobFacts, lines: int, gpu_seconds: float, now: datetime
+    ) -> None:
+        """The job's own rate is known better now: re-rank what it has left."""
+        facts.done_lines += lines
+        facts.done_chunks += 1
+        facts.done_gpu_s += gpu_seconds
+        if not facts.chunk_lines or facts.next_seq >= len(facts.chunk_lines):
+            return
+        facts.ranks = rank_chunks(
+            facts.chunk_lines,
+            estimator=self.estimator,
+            done_lines=facts.done_lines,
+            done_chunks=facts.done_chunks,
+            done_gpu_s=facts.done_gpu_s,
+            first_seq=facts.next_seq,
+        )
+        facts.ranks_from = facts.next_seq
+        await self._store_rank(job_id, facts, now)
 
     async def _feedback(self, outcome: ChunkOutcome, now: datetime) -> None:
         if outcome.job_complete or outcome.level is None or outcome.base_level is None:
@@ -506,11 +682,22 @@ class Dispatcher:
                 started = leased.chunk.started_at or self.clock.now()
                 ready = job.ready_at or job.enqueued_at
                 self.metrics.observe_wait(job.base_level, (started - ready).total_seconds())
+            call = asyncio.ensure_future(self.review(job, leased))
+            self._calls[leased.chunk.id] = call
             try:
-                review = await self.review(job, leased)
+                review = await call
             except LLMError as exc:
                 await self.fail(leased, exc, self.clock.now())
                 return
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                preempted = leased.chunk.id in self._preempted
+                if preempted and (current is None or not current.cancelling()):
+                    return  # preempted: the chunk is queued again and its slot serves P0
+                raise
+            finally:
+                self._calls.pop(leased.chunk.id, None)
+                self._preempted.discard(leased.chunk.id)
             if self.metrics is not None:
                 usage = review.usage
                 self.metrics.observe_chunk(self.settings.owner, review.gpu_seconds)
@@ -578,6 +765,7 @@ class Dispatcher:
     async def run(self, *, database_url: str | None = None, shutdown_grace_s: float = 30.0) -> None:
         """Serve until stop(): wake on NOTIFY (or the poll), fill slots, run chunks."""
         listener = await self._listen(database_url)
+        self._live = True
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         next_maintenance = 0.0
         loop = asyncio.get_running_loop()
@@ -595,8 +783,12 @@ class Dispatcher:
                     task = asyncio.create_task(self._run_chunk(leased))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
+                timeout = self.settings.poll_s
+                if self.recheck_at is not None:
+                    until_recheck = (self.recheck_at - self.clock.now()).total_seconds()
+                    timeout = min(timeout, max(0.0, until_recheck))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_s)
+                    await asyncio.wait_for(self._wake.wait(), timeout=timeout)
             if self._tasks:
                 _, pending = await asyncio.wait(set(self._tasks), timeout=shutdown_grace_s)
                 for task in pending:

@@ -25,6 +25,10 @@ class MlfqSettings:
     # busy: a hotfix then waits for a short call at most, never for a long one.
     reserved_slots: int = 1
     short_work_s: float = 20.0
+    # Preemption for P0: when a new P0 review has no free slot and no running call is expected
+    # to end within `preempt_grace_s`, the most recently started lower-level call gives way.
+    preempt: bool = True
+    preempt_grace_s: float = 5.0
 
     def __post_init__(self) -> None:
         if len(self.weights) != 4 or any(weight <= 0 for weight in self.weights):
@@ -35,6 +39,8 @@ class MlfqSettings:
             raise ValueError("aging_interval_s must be positive")
         if self.reserved_slots < 0:
             raise ValueError("reserved_slots must not be negative")
+        if self.preempt_grace_s < 0:
+            raise ValueError("preempt_grace_s must not be negative")
 
     @classmethod
     def from_scheduler_settings(
@@ -369,3 +375,82 @@ def rank_chunks(
         offset = CONTINUATION_RANK_OFFSET if new_work_first and seq > 0 else 0.0
         ranks.append(offset + remaining)
     return tuple(ranks)
+
+
+def queue_ranks(ranks: Sequence[float]) -> tuple[float, ...]:
+    """Ranks to store for a job's chunks, from `rank_chunks` ranks starting at its next chunk.
+
+    The queue leases a level's chunks by (rank, id), and a job is done only when its last chunk
+    is: every unstarted continuation carries the rank of the next one, so one job's chunks go
+    in order and the job with the least work left goes first (per-chunk ranks would start every
+    long review's tail first and finish them all late).
+    """
+    if len(ranks) <= 1:
+        return tuple(ranks)
+    return (ranks[0],) + (ranks[1],) * (len(ranks) - 1)
+
+
+def expected_chunk_s(*, chunk_lines: int, job_lines: int, estimator: ServiceEstimator) -> float:
+    """Expected GPU seconds of one chunk covering `chunk_lines` of a `job_lines` review."""
+    total = max(1, job_lines, chunk_lines)
+    return estimator.overhead_s + estimator.expected_work(total) * max(0, chunk_lines) / total
+
+
+@dataclass(frozen=True, slots=True)
+class RunningCall:
+    """A chunk running on a slot, as preemption sees it."""
+
+    chunk_id: int
+    level: Level
+    elapsed_s: float  # since its call started
+    expected_s: float  # expected length of the whole call
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionChoice:
+    """Calls to take back (chunk ids), and when to look again if waiting for one to end."""
+
+    victims: tuple[int, ...] = ()
+    recheck_in_s: float | None = None
+    reason: str = ""
+
+
+def choose_preemption(
+    *,
+    waiting: int,
+    free_slots: int,
+    running: Sequence[RunningCall],
+    waited_s: float,
+    settings: MlfqSettings,
+) -> PreemptionChoice:
+    """Which running calls give their slot to new P0 reviews that have none.
+
+    `waiting` counts P0 reviews not started yet, `waited_s` how long the oldest has waited for
+    a slot. Within the grace a call expected to end in time is waited for instead; after it,
+    or when none is, the most recently started non-P0 calls (the least work lost) give way.
+    P0 calls are never taken back.
+    """
+    need = waiting - max(0, free_slots)
+    if not settings.preempt or need <= 0:
+        return PreemptionChoice()
+    left_s = settings.preempt_grace_s - max(0.0, waited_s)
+    ending: set[int] = set()
+    if left_s > 0:
+        ending = {
+            call.chunk_id for call in running if call.expected_s - call.elapsed_s <= left_s
+        }
+        need -= len(ending)
+    recheck = left_s if left_s > 0 and ending else None
+    if need <= 0:
+        return PreemptionChoice(recheck_in_s=recheck, reason="a call ends within the grace")
+    candidates = sorted(
+        (call for call in running if call.level != Level.P0 and call.chunk_id not in ending),
+        key=lambda call: (call.elapsed_s, -int(call.level), call.chunk_id),
+    )
+    victims = tuple(call.chunk_id for call in candidates[:need])
+    reason = (
+        f"preempted for a P0 review that waited {max(0.0, waited_s):.1f} s with no free slot"
+        if victims
+        else ""
+    )
+    return PreemptionChoice(victims=victims, recheck_in_s=recheck, reason=reason)

@@ -34,7 +34,9 @@ from bot.sim.trace import Trace, TraceRequest, load_trace, to_review_request
 
 log = logging.getLogger(__name__)
 
-ARRIVAL, COMPLETION, MAINTENANCE = 1, 0, 2
+# Event kinds, in the order they are handled at one instant; a RECHECK looks at the queue
+# again (a P0 review waiting for a call expected to end within the preemption grace).
+COMPLETION, ARRIVAL, MAINTENANCE, RECHECK = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
@@ -154,6 +156,21 @@ async def replay_trace(
             if not dependent.waiting_on:
                 dependent.ready_s = max(dependent.ready_s, item.finished_s)
 
+    # Running chunks: chunk id -> (completion event sequence, start, charged GPU seconds).
+    running: dict[int, tuple[int, float, float]] = {}
+    dropped: set[int] = set()  # completion events of preempted chunks
+    waste = {"gpu_s": 0.0, "preemptions": 0, "first_chunks": 0}
+
+    async def chunk_preempted(leased: Leased, now: datetime) -> None:
+        sequence_number, started_s, charged = running.pop(leased.chunk.id)
+        dropped.add(sequence_number)
+        used = max(0.0, _seconds(now) - started_s)
+        # The backend charged the whole call up front: keep only what ran (wasted work).
+        backend.gpu_seconds -= max(0.0, charged - used)
+        waste["gpu_s"] += used
+        waste["preemptions"] += 1
+        waste["first_chunks"] += int(leased.chunk.seq == 0)
+
     dispatcher = Dispatcher(
         store,
         backend,
@@ -168,6 +185,7 @@ async def replay_trace(
         clock=clock,
         build_request=build_request,
         on_job_complete=job_completed,
+        on_preempt=chunk_preempted,
     )
     events: list[tuple[float, int, int, Any]] = []
     sequence = 0
@@ -178,6 +196,7 @@ async def replay_trace(
     maintenance_s = 60.0
     next_maintenance = maintenance_s
     submitted = 0
+    recheck_due: set[float] = set()
     try:
         while events:
             now_s = events[0][0]
@@ -191,14 +210,19 @@ async def replay_trace(
             now = clock.now()
             arrived = False
             while events and events[0][0] <= now_s:
-                _, kind, _, payload = heapq.heappop(events)
-                if kind == ARRIVAL:
+                _, kind, event_sequence, payload = heapq.heappop(events)
+                if kind == RECHECK:
+                    recheck_due.discard(payload)
+                elif kind == ARRIVAL:
                     context = (store, book, policy, now, tracked, by_job, dependents, planner)
                     if await _submit(payload, *context):
                         submitted += 1
                         arrived = True
+                elif event_sequence in dropped:
+                    dropped.discard(event_sequence)
                 else:
                     done, answer = payload
+                    running.pop(done.chunk.id, None)
                     await dispatcher.complete(done, answer, now)
             if arrived:
                 await dispatcher.plan_pending(now)
@@ -211,7 +235,14 @@ async def replay_trace(
                     events,
                     (now_s + response.gpu_seconds, COMPLETION, sequence, (leased, response)),
                 )
+                running[leased.chunk.id] = (sequence, now_s, response.gpu_seconds)
                 sequence += 1
+            if dispatcher.recheck_at is not None:
+                recheck_s = _seconds(dispatcher.recheck_at)
+                if recheck_s > now_s and recheck_s not in recheck_due:
+                    recheck_due.add(recheck_s)
+                    heapq.heappush(events, (recheck_s, RECHECK, sequence, recheck_s))
+                    sequence += 1
     finally:
         await store.close()
     outcomes = [
@@ -231,6 +262,9 @@ async def replay_trace(
         outcomes, policy=policy, requests=submitted, gpu_s=backend.gpu_seconds, workers=slots
     )
     result["level_changes"] = dispatcher.level_changes
+    result["preemptions"] = waste["preemptions"]
+    result["preempted_first_chunks"] = waste["first_chunks"]
+    result["wasted_gpu_s"] = round(waste["gpu_s"], 3)
     return result
 
 
@@ -384,7 +418,8 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
             result = run(server_url)
     if args.json:
         wall = result.pop("wall_s", None)
-        result.pop("level_changes", None)
+        for extra in ("level_changes", "preemptions", "preempted_first_chunks", "wasted_gpu_s"):
+            result.pop(extra, None)
         print(json.dumps(result))
         if wall is not None:
             log.info("replayed in %.1f s", wall, extra={"action": "simulate"})
