@@ -62,6 +62,8 @@ class Settings:
     llm_api_key: str | None = None
     llm_pass_priority: bool = True
     llm_timeout_s: float = 600.0
+    # vLLM's constrained decoding keeps even small models to the output contract.
+    llm_response_format: str | None = "json_schema"
     max_body_bytes: int = 25 * 1024 * 1024
     admin_token: str | None = None
     bot_login: str = "review-bot"
@@ -116,6 +118,19 @@ def _numbers(environ: Mapping[str, str], name: str, count: int) -> tuple[float, 
     if len(values) != count or any(value <= 0 for value in values):
         raise ConfigError(f"{name} must be {count} positive numbers, got {raw!r}")
     return values
+
+
+def _response_format(raw: str | None) -> str | None:
+    if raw is None or raw == "":
+        return "json_schema"
+    lowered = raw.strip().lower()
+    if lowered in {"none", "off", "false", "0"}:
+        return None
+    if lowered not in {"json_object", "json_schema"}:
+        raise ConfigError(
+            f"REVIEW_BOT_LLM_RESPONSE_FORMAT must be json_schema, json_object or none, got {raw!r}"
+        )
+    return lowered
 
 
 def _secret(environ: Mapping[str, str], name: str) -> str | None:
@@ -176,6 +191,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         llm_api_key=_secret(env, "REVIEW_BOT_LLM_API_KEY"),
         llm_pass_priority=_bool(env, "REVIEW_BOT_LLM_PRIORITY", True),
         llm_timeout_s=_float(env, "REVIEW_BOT_LLM_TIMEOUT_S", 600.0),
+        llm_response_format=_response_format(env.get("REVIEW_BOT_LLM_RESPONSE_FORMAT")),
         max_body_bytes=_int(env, "REVIEW_BOT_MAX_BODY_BYTES", 25 * 1024 * 1024),
         admin_token=_secret(env, "REVIEW_BOT_ADMIN_TOKEN"),
         bot_login=env.get("REVIEW_BOT_LOGIN", "review-bot"),

@@ -27,6 +27,7 @@ def create_backend(settings: Settings) -> LLMBackend:
             api_key=settings.llm_api_key,
             timeout_s=settings.llm_timeout_s,
             pass_priority=settings.llm_pass_priority,
+            response_format=settings.llm_response_format,  # type: ignore[arg-type]
         )
     if name == "vllm":
         from bot.llm.vllm_engine import VLLMEngineBackend
