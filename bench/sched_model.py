@@ -501,16 +501,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--extended", action="store_true", help="more variants")
     args = parser.parse_args(argv)
     level_of = policy_levels()
+    p0, p1, p2, p3 = (int(w) for w in args.weights.split(","))
     mlfq_settings = replace(
         MlfqSettings(),
-        weights=tuple(int(w) for w in args.weights.split(",")),
+        weights=(p0, p1, p2, p3),
         reserved_slots=args.reserved,
         short_work_s=args.short,
     )
     if args.quantum:
-        mlfq_settings = replace(
-            mlfq_settings, quantum_s=tuple(float(q) for q in args.quantum.split(","))
-        )
+        first, second, third = (float(q) for q in args.quantum.split(","))
+        mlfq_settings = replace(mlfq_settings, quantum_s=(first, second, third))
     for name, trace in variants(args.extended):
         if args.only and name not in args.only.split(","):
             continue

@@ -17,19 +17,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.sched_model import PUBLIC_TRACE, clairvoyant, policy_levels
+from bench.sched_model import PUBLIC_TRACE, check_acceptance, clairvoyant, policy_levels
 from bot.model import LEVELS
+from bot.sched.dispatcher import SchedulingPolicy
 from bot.sim.metrics import RequestOutcome
 from bot.sim.replay import simulate
 from bot.sim.trace import Trace, TraceShape, generate_trace, load_trace
 
 RESULTS = Path(__file__).resolve().parent / "results"
-POLICIES = ("fifo", "priority", "mlfq")
+POLICIES: tuple[SchedulingPolicy, ...] = ("fifo", "priority", "mlfq")
 
 
 def benchmark_traces(include_public: bool = True) -> list[tuple[str, Trace]]:
     """The public trace and variants: another seed, a longer and larger morning, a heavier tail
-    of big changes, a sharper peak (55% of arrivals around a 600 s peak)."""
+    of big changes, a sharper peak (55% of arrivals around a 600 s peak), a light morning
+    (FIFO waits ~90 s) and one with three times the hotfixes."""
     traces: list[tuple[str, Trace]] = []
     if include_public and PUBLIC_TRACE.is_file():
         traces.append(("morning-burst", load_trace(PUBLIC_TRACE)))
@@ -40,6 +42,8 @@ def benchmark_traces(include_public: bool = True) -> list[tuple[str, Trace]]:
     traces.append(("heavy-tail", generate_trace(heavy, seed=23)))
     sharp = TraceShape(peak_share=0.55, peak_width_s=600)
     traces.append(("sharp-peak", generate_trace(sharp, seed=5)))
+    traces.append(("light-seed-5", generate_trace(seed=5)))
+    traces.append(("hotfixes", generate_trace(TraceShape(hotfix_per_1000=60), seed=31)))
     return traces
 
 
@@ -50,15 +54,22 @@ def _row(trace: str, name: str, result: dict[str, Any], service_sum: float) -> s
         f"| {trace} | {name} | {wait['mean']:.1f} | {wait['p95']:.1f} | {wait['max']:.0f} "
         f"| {result['all']['turnaround']['mean']:.1f} | {levels['P0']['wait']['max']:.1f} "
         f"| {levels['P1']['wait']['p95']:.1f} | {levels['P2']['wait']['p95']:.1f} "
-        f"| {result['gpu_s'] / service_sum:.3f} | {result['completed']}/{result['requests']} "
+        f"| {result['gpu_s'] / service_sum:.3f} | {result.get('preemptions', '')} "
+        f"| {_wasted(result)} | {result['completed']}/{result['requests']} "
         f"| {'' if wall is None else f'{wall:.1f}'} |"
     )
 
 
+def _wasted(result: dict[str, Any]) -> str:
+    wasted = result.get("wasted_gpu_s")
+    return "" if wasted is None else f"{wasted:.0f}"
+
+
 HEADER = (
     "| trace | policy | wait mean s | wait P95 s | wait max s | turnaround mean s | P0 max wait s "
-    "| P1 P95 wait s | P2 P95 wait s | gpu_s / service | completed | wall s |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| P1 P95 wait s | P2 P95 wait s | gpu_s / service | preemptions | wasted GPU s | completed "
+    "| wall s |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -90,6 +101,7 @@ async def run(database_url: str, *, only: Sequence[str] | None = None) -> str:
     """Run every trace under every policy; returns the markdown table."""
     level_of = policy_levels()
     rows = [HEADER]
+    acceptance: list[str] = []
     everything: dict[str, Any] = {}
     for name, trace in benchmark_traces():
         if only and name not in only:
@@ -106,12 +118,22 @@ async def run(database_url: str, *, only: Sequence[str] | None = None) -> str:
             rows.append(_row(name, policy, results[policy], service_sum))
         results["clairvoyant"] = clairvoyant(trace, level_of, workers=trace.header.workers)
         rows.append(_row(name, "clairvoyant", results["clairvoyant"], service_sum))
+        broken = check_acceptance(results["fifo"], results["mlfq"], service_sum)
+        mlfq, fifo = results["mlfq"]["all"], results["fifo"]["all"]
+        wait_ratio = mlfq["wait"]["mean"] / fifo["wait"]["mean"]
+        turnaround_ratio = mlfq["turnaround"]["mean"] / fifo["turnaround"]["mean"]
+        verdict = "all bars met" if not broken else "BROKEN " + ", ".join(broken)
+        acceptance.append(
+            f"- {name}: mlfq/fifo mean wait {wait_ratio:.3f}, "
+            f"mean turnaround {turnaround_ratio:.3f}: {verdict}"
+        )
         everything[name] = results
         if name == "morning-burst" or not (RESULTS / "wait_distributions.png").exists():
             plot_waits(outcomes, RESULTS / "wait_distributions.png", f"{name}: waits per level")
         plot_waits(outcomes, RESULTS / f"wait_distributions_{name}.png", f"{name}: waits per level")
         print(rows[-4], rows[-3], rows[-2], rows[-1], sep="\n", flush=True)
-    table = "\n".join(rows)
+    table = "\n".join(rows) + "\n\nAcceptance (mlfq against fifo in the same run):\n\n"
+    table += "\n".join(acceptance)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "scheduling.md").write_text(table + "\n", encoding="utf-8")
     (RESULTS / "scheduling.json").write_text(json.dumps(everything, indent=1), encoding="utf-8")

@@ -9,7 +9,7 @@ import pytest
 
 from bot.clock import SystemClock
 from bot.llm.simulated import SimulatedBackend
-from bot.model import ChunkState, Job, JobState
+from bot.model import ChunkState, Job, JobState, Level
 from bot.queue.store import QueueSettings, QueueStore
 from bot.review.chunking import plan_chunks_from_lines
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings, JobPlan
@@ -138,3 +138,68 @@ async def test_stop_releases_what_it_holds(db_url: str) -> None:
 
 async def _held(dispatcher: Dispatcher, count: int) -> bool:
     return len(dispatcher.held) >= count
+
+
+class OneChunkPlanner:
+    """One chunk per job, as large as the job's stored size."""
+
+    async def plan(self, job: Job) -> JobPlan:
+        return JobPlan(chunks=plan_chunks_from_lines([job.total_lines], line_budget=10_000).chunks)
+
+
+async def test_a_p0_review_with_every_slot_busy_preempts_and_the_victim_runs_once(
+    db_url: str,
+) -> None:
+    store = QueueStore.from_url(db_url)
+    # 400 lines: 43 GPU s, 0.86 s of wall time each; the hotfix's 10 lines: 4 GPU s
+    backend = SimulatedBackend(
+        overhead_s=3.0, seconds_per_line=0.1, sleep=asyncio.sleep, time_scale=0.02
+    )
+    dispatcher = Dispatcher(
+        store,
+        backend,
+        planner=OneChunkPlanner(),
+        settings=DispatcherSettings(
+            owner="d1", slots=2, poll_s=0.5, lease_s=60.0, mlfq=MlfqSettings(reserved_slots=0)
+        ),
+        clock=SystemClock(),
+    )
+    runner = asyncio.create_task(dispatcher.run(database_url=db_url))
+    try:
+        long_jobs = [await _submit(store, number, lines=400) for number in (41, 42)]
+        await _until(lambda: _held(dispatcher, 2), timeout_s=10.0)
+        result = await store.submit_request(
+            make_request(number=43, head_sha="c" * 40, additions=10, deletions=0),
+            decide(Level.P0, "hotfix"),
+            now=SystemClock().now(),
+        )
+        assert result.job_id is not None
+        hotfix = result.job_id
+        await _until(lambda: _all_done(store, [*long_jobs, hotfix]), timeout_s=20.0)
+        finished = {}
+        for job_id in long_jobs:
+            job = await store.get_job(job_id)
+            assert job is not None and job.finished_at is not None
+            finished[job_id] = job.finished_at
+        hot = await store.get_job(hotfix)
+        assert hot is not None and hot.first_started_at is not None
+        # the hotfix did not wait for a 0.86 s call to end
+        assert (hot.first_started_at - hot.enqueued_at).total_seconds() < 0.5
+        assert hot.first_started_at < min(finished.values())
+        assert dispatcher.preemptions == 1
+        preempted = []
+        for job_id in long_jobs:
+            history = await dispatcher.store.job_history(job_id)
+            if any("preempted" in entry.reason for entry in history):
+                preempted.append(job_id)
+            assert [entry.to_value for entry in history].count("done") == 1
+            (chunk,) = await store.chunk_results(job_id)
+            # ran again and finished exactly once; the preemption counted no attempt
+            assert chunk.state == ChunkState.DONE and chunk.attempts == 1
+        assert len(preempted) == 1
+        # three chunks, plus the call that was cancelled halfway
+        assert backend.calls == 4
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(runner, timeout=10.0)
+        await store.close()

@@ -11,12 +11,16 @@ from bot.model import Level
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
     MlfqSettings,
+    RunningCall,
     ServiceEstimator,
     apply_aging,
     apply_feedback,
+    choose_preemption,
     choose_slot,
+    expected_chunk_s,
     inherit_level,
     order_levels,
+    queue_ranks,
     rank_chunks,
     rank_job,
 )
@@ -205,3 +209,137 @@ def test_a_small_first_chunk_lets_a_large_review_start_before_a_mid_sized_one() 
     assert large[0] < mid[0] < CONTINUATION_RANK_OFFSET
     whole_job = rank_chunks([100, 400, 400], estimator=estimator, fresh_by_first_chunk=False)
     assert whole_job[0] > mid[0]
+
+
+def test_queued_continuations_carry_the_rank_of_the_jobs_next_chunk() -> None:
+    estimator = ServiceEstimator.with_prior()
+    ranks = rank_chunks([100, 400, 400, 200], estimator=estimator)
+    stored = queue_ranks(ranks)
+    assert stored[0] == ranks[0]
+    # the queue leases by (rank, id): equal ranks keep one job's chunks in order, and the job
+    # ranks by all the work it has left, not by its shortest tail
+    assert stored[1:] == (ranks[1],) * 3
+    assert ranks[3] < ranks[1]
+    assert queue_ranks(ranks[:1]) == ranks[:1]
+
+
+def test_expected_chunk_length_is_a_share_of_the_jobs_expected_work() -> None:
+    estimator = ServiceEstimator.with_prior(base_s=0.0, per_line_s=0.1)
+    whole = expected_chunk_s(chunk_lines=800, job_lines=800, estimator=estimator)
+    half = expected_chunk_s(chunk_lines=400, job_lines=800, estimator=estimator)
+    assert whole == pytest.approx(3.0 + 80.0, rel=0.01)
+    assert half == pytest.approx(3.0 + 40.0, rel=0.01)
+
+
+def _call(chunk_id: int, level: Level, elapsed_s: float, expected_s: float = 60.0) -> RunningCall:
+    return RunningCall(chunk_id=chunk_id, level=level, elapsed_s=elapsed_s, expected_s=expected_s)
+
+
+PREEMPTING = MlfqSettings(preempt_grace_s=5.0)
+
+
+def test_no_preemption_while_a_slot_is_free_or_nothing_waits() -> None:
+    busy = [_call(1, Level.P1, 2.0), _call(2, Level.P2, 1.0)]
+    for waiting, free in ((1, 1), (0, 0), (2, 3)):
+        choice = choose_preemption(
+            waiting=waiting, free_slots=free, running=busy, waited_s=0.0, settings=PREEMPTING
+        )
+        assert choice.victims == () and choice.recheck_in_s is None
+
+
+def test_the_most_recently_started_lower_level_call_gives_way_never_a_p0_one() -> None:
+    busy = [
+        _call(1, Level.P1, 30.0),
+        _call(2, Level.P0, 0.5),  # started last, but P0 work is never taken back
+        _call(3, Level.P2, 4.0),
+        _call(4, Level.P3, 12.0),
+    ]
+    one = choose_preemption(
+        waiting=1, free_slots=0, running=busy, waited_s=0.0, settings=PREEMPTING
+    )
+    assert one.victims == (3,)
+    assert "preempted" in one.reason
+    two = choose_preemption(
+        waiting=2, free_slots=0, running=busy, waited_s=0.0, settings=PREEMPTING
+    )
+    assert two.victims == (3, 4)
+    only_p0 = choose_preemption(
+        waiting=1,
+        free_slots=0,
+        running=[_call(2, Level.P0, 0.5)],
+        waited_s=0.0,
+        settings=PREEMPTING,
+    )
+    assert only_p0.victims == ()
+
+
+def test_a_call_ending_within_the_grace_is_waited_for_then_no_longer() -> None:
+    busy = [_call(1, Level.P1, 57.0, expected_s=60.0), _call(2, Level.P1, 1.0)]
+    first = choose_preemption(
+        waiting=1, free_slots=0, running=busy, waited_s=0.0, settings=PREEMPTING
+    )
+    assert first.victims == ()
+    assert first.recheck_in_s == pytest.approx(5.0)
+    # the call overran its estimate: once the grace is up the P0 review waits no longer
+    later = [_call(1, Level.P1, 62.0, expected_s=60.0), _call(2, Level.P1, 6.0)]
+    after = choose_preemption(
+        waiting=1, free_slots=0, running=later, waited_s=5.0, settings=PREEMPTING
+    )
+    assert after.victims == (2,) and after.recheck_in_s is None
+    # two P0 reviews waiting and one call ending soon: one waits for it, one preempts
+    both = choose_preemption(
+        waiting=2, free_slots=0, running=busy, waited_s=0.0, settings=PREEMPTING
+    )
+    assert both.victims == (2,) and both.recheck_in_s == pytest.approx(5.0)
+
+
+def test_preemption_can_be_switched_off() -> None:
+    off = MlfqSettings(preempt=False)
+    choice = choose_preemption(
+        waiting=3, free_slots=0, running=[_call(1, Level.P3, 1.0)], waited_s=60.0, settings=off
+    )
+    assert choice.victims == ()
+    with pytest.raises(ValueError):
+        MlfqSettings(preempt_grace_s=-1.0)
+
+
+calls = st.lists(
+    st.builds(
+        RunningCall,
+        chunk_id=st.integers(min_value=0, max_value=10_000),
+        level=st.sampled_from(list(Level)),
+        elapsed_s=st.floats(min_value=0, max_value=600),
+        expected_s=st.floats(min_value=0, max_value=600),
+    ),
+    max_size=12,
+    unique_by=lambda call: call.chunk_id,
+)
+
+
+@given(
+    calls,
+    st.integers(min_value=0, max_value=6),
+    st.integers(min_value=0, max_value=3),
+    st.floats(min_value=0, max_value=30),
+)
+def test_preemption_takes_no_more_than_needed_and_never_p0(
+    running: list[RunningCall], waiting: int, free: int, waited: float
+) -> None:
+    choice = choose_preemption(
+        waiting=waiting, free_slots=free, running=running, waited_s=waited, settings=PREEMPTING
+    )
+    by_id = {call.chunk_id: call for call in running}
+    assert len(choice.victims) <= max(0, waiting - free)
+    assert len(set(choice.victims)) == len(choice.victims)
+    assert all(by_id[victim].level != Level.P0 for victim in choice.victims)
+    taken = [by_id[victim].elapsed_s for victim in choice.victims]
+    spared = [
+        call.elapsed_s
+        for call in running
+        if call.level != Level.P0
+        and call.chunk_id not in choice.victims
+        and (waited >= 5.0 or call.expected_s - call.elapsed_s > 5.0 - waited)
+    ]
+    # the least work lost: no spared candidate started after a victim
+    if taken and spared:
+        assert max(taken) <= min(spared)

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from bot.sched.mlfq import MlfqSettings
 from bot.sim.metrics import service_profile
 from bot.sim.replay import render_text, simulate
-from bot.sim.trace import TraceShape, generate_trace
+from bot.sim.trace import Trace, TraceHeader, TraceRequest, TraceShape, generate_trace
 
 pytestmark = pytest.mark.slow
 
@@ -98,3 +99,58 @@ def test_text_output_prints_the_service_profile_rule(trace: Any) -> None:
     }
     text = render_text(result, profile)
     assert "P99/P50" in text and "stddev/mean" in text and "rule:" in text
+
+
+def _request(index: int, arrival_s: float, lines: int, service_s: float, base: str) -> TraceRequest:
+    return TraceRequest(
+        id=f"r{index}",
+        arrival_s=arrival_s,
+        forge="github",
+        repo="acme/api",
+        number=index,
+        event="pull_request",
+        action="opened",
+        merged=False,
+        base_ref=base,
+        head_ref=f"feature/{index}",
+        labels=(),
+        author="dev",
+        author_is_bot=False,
+        draft=False,
+        files_changed=1,
+        additions=lines,
+        deletions=0,
+        file_lines=(lines,),
+        service_s=service_s,
+    )
+
+
+def _busy_morning_with_a_hotfix() -> Trace:
+    """Four slots, each running a 300 s call from t=0; a hotfix arrives at t=20."""
+    requests = [_request(i, 0.1 * i, 300, 300.0, "main") for i in range(4)]
+    requests.append(_request(9, 20.0, 10, 6.0, "hotfix/2026-12-01"))
+    return Trace(header=TraceHeader(workers=4, requests=len(requests)), requests=tuple(requests))
+
+
+async def test_a_hotfix_preempts_a_long_call_instead_of_waiting_for_it(pg_server: str) -> None:
+    trace = _busy_morning_with_a_hotfix()
+    service_sum = trace.total_service_s
+    runs = {}
+    for preempt in (False, True):
+        runs[preempt] = await simulate(
+            trace,
+            policy="mlfq",
+            workers=None,
+            database_url=pg_server,
+            mlfq=MlfqSettings(reserved_slots=0, preempt=preempt),
+        )
+    waiting, preempting = runs[False], runs[True]
+    assert waiting["levels"]["P0"]["wait"]["max"] > 250.0  # it waited for a 300 s call
+    assert waiting["preemptions"] == 0 and waiting["gpu_s"] == pytest.approx(service_sum)
+    assert preempting["levels"]["P0"]["n"] == 1
+    assert preempting["levels"]["P0"]["wait"]["max"] == pytest.approx(0.0, abs=1e-6)
+    assert preempting["preemptions"] == 1
+    assert preempting["completed"] == preempting["requests"] == 5
+    # the preempted call ran 20 s before it gave way, and those seconds count
+    assert preempting["wasted_gpu_s"] == pytest.approx(20.0 - 0.3, abs=0.01)
+    assert preempting["gpu_s"] == pytest.approx(service_sum + preempting["wasted_gpu_s"])

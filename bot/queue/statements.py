@@ -194,7 +194,9 @@ FINISH_CHUNK = _sql(
     """
     WITH finished AS (
         UPDATE review_chunks
-        SET state = 'done', finished_at = :now, gpu_seconds = :gpu_seconds,
+        -- a preempted earlier attempt may have charged some seconds already
+        SET state = 'done', finished_at = :now,
+            gpu_seconds = COALESCE(gpu_seconds, 0) + :gpu_seconds,
             -- lease_owner stays: it records which worker ran the chunk (report_workers)
             result = CAST(:result AS jsonb), lease_expires_at = NULL
         WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
@@ -244,15 +246,23 @@ FINISH_JOB = _sql(
     """
 )
 
-# Give back a chunk that a stopping worker holds, without counting an attempt.
+# Give back a chunk that a stopping (or preempted) worker holds, without counting an attempt;
+# GPU seconds a preempted call already used are charged to the chunk.
 RELEASE_CHUNK = _sql(
     """
     UPDATE review_chunks
     SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, started_at = NULL,
-        attempts = GREATEST(attempts - 1, 0), available_at = :now
+        attempts = GREATEST(attempts - 1, 0), available_at = :now,
+        gpu_seconds = CASE WHEN :used_s > 0 THEN COALESCE(gpu_seconds, 0) + :used_s
+                           ELSE gpu_seconds END
     WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
     RETURNING job_id
     """
+)
+
+# ... and to its job (not to the GPU time at its level: feedback counts finished work only).
+CHARGE_JOB_GPU = _sql(
+    "UPDATE review_jobs SET gpu_seconds = gpu_seconds + :used_s WHERE id = :job_id"
 )
 
 # Re-rank a job's continuation chunks that have not started (the scheduler's view of its

@@ -781,18 +781,29 @@ class QueueStore:
         )
 
     async def release_chunk(
-        self, chunk_id: int, *, owner: str, now: datetime, reason: str | None = None
+        self,
+        chunk_id: int,
+        *,
+        owner: str,
+        now: datetime,
+        reason: str | None = None,
+        gpu_seconds: float = 0.0,
     ) -> bool:
         """Give back a chunk this worker holds but will not finish (shutdown, preemption).
 
-        With a `reason` the release goes into the job's history (a preemption).
+        With a `reason` the release goes into the job's history (a preemption); `gpu_seconds`
+        the call already used are charged to the chunk and its job (wasted work shows).
         """
+        used_s = max(0.0, gpu_seconds)
         async with self._transaction() as conn:
             row = (
                 await conn.execute(
-                    sql.RELEASE_CHUNK, {"chunk_id": chunk_id, "owner": owner, "now": now}
+                    sql.RELEASE_CHUNK,
+                    {"chunk_id": chunk_id, "owner": owner, "now": now, "used_s": used_s},
                 )
             ).first()
+            if row is not None and used_s > 0:
+                await conn.execute(sql.CHARGE_JOB_GPU, {"job_id": row.job_id, "used_s": used_s})
             if row is not None:
                 if reason is not None:
                     await self._history(
@@ -804,7 +815,7 @@ class QueueStore:
                         to_value="chunk queued",
                         reason=reason,
                         actor=owner,
-                        detail={"chunk_id": chunk_id},
+                        detail={"chunk_id": chunk_id, "gpu_seconds": round(used_s, 3)},
                     )
                 await self._notify(conn, "released")
         return row is not None
@@ -812,9 +823,7 @@ class QueueStore:
     async def rerank_continuations(self, job_id: int, *, rank: float, now: datetime) -> int:
         """Set the rank of a job's unstarted continuation chunks; returns how many changed."""
         async with self._single_statement() as conn:
-            result = await conn.execute(
-                sql.RERANK_CONTINUATIONS, {"job_id": job_id, "rank": rank}
-            )
+            result = await conn.execute(sql.RERANK_CONTINUATIONS, {"job_id": job_id, "rank": rank})
         return int(result.rowcount)
 
     async def reclaim_expired(self, *, now: datetime) -> int:

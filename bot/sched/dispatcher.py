@@ -424,8 +424,13 @@ class Dispatcher:
                 continue
             del self.held[chunk_id]
             chunk = victim.chunk
+            used_s = (now - chunk.started_at).total_seconds() if chunk.started_at else 0.0
             await self.store.release_chunk(
-                chunk_id, owner=self.settings.owner, now=now, reason=choice.reason
+                chunk_id,
+                owner=self.settings.owner,
+                now=now,
+                reason=choice.reason,
+                gpu_seconds=used_s,
             )
             self.preemptions += 1
             log.info(

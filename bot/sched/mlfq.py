@@ -436,9 +436,7 @@ def choose_preemption(
     left_s = settings.preempt_grace_s - max(0.0, waited_s)
     ending: set[int] = set()
     if left_s > 0:
-        ending = {
-            call.chunk_id for call in running if call.expected_s - call.elapsed_s <= left_s
-        }
+        ending = {call.chunk_id for call in running if call.expected_s - call.elapsed_s <= left_s}
         need -= len(ending)
     recheck = left_s if left_s > 0 and ending else None
     if need <= 0:
