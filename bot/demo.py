@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -95,15 +96,21 @@ def demo_files(request: TraceRequest) -> list[FileChange]:
     return files
 
 
-def load_demo_trace(count: int) -> tuple[Trace, str]:
-    """The first `count` requests of the shared morning burst, or a generated one."""
+def load_demo_trace(count: int, *, max_lines: int | None = None) -> tuple[Trace, str]:
+    """The first `count` requests of the shared morning burst (at most `max_lines` changed
+    lines each, when given), or of a generated one."""
     if TRACE.is_file():
         trace = load_trace(TRACE)
         source = str(TRACE)
     else:
         trace = generate_trace(seed=7, scenario="demo")
         source = "a generated trace (../shared is absent)"
-    wanted = [r for r in trace.requests if r.action in ("opened", "synchronize")][:count]
+    wanted = [
+        r
+        for r in trace.requests
+        if r.action in ("opened", "synchronize")
+        and (max_lines is None or sum(r.file_lines) <= max_lines)
+    ][:count]
     return Trace(header=trace.header, requests=tuple(wanted), source=source), source
 
 
@@ -191,13 +198,6 @@ def vllm_backend() -> tuple[LLMBackend, str]:
     script = REPO_ROOT / "scripts" / "vllm_cpu.sh"
     port = os.environ.get("REVIEW_BOT_VLLM_PORT", "8011")
     say("starting the CPU vLLM server (scripts/vllm_cpu.sh; the first run installs it)...")
-    paths = dict(
-        line.split("=", 1)
-        for line in subprocess.run(
-            [str(script), "paths"], check=True, capture_output=True, text=True
-        ).stdout.split()
-        if "=" in line
-    )
     served = subprocess.run(
         [str(script), "serve", "--port", port, "--watch-pid", str(os.getpid())],
         capture_output=True,
@@ -208,7 +208,11 @@ def vllm_backend() -> tuple[LLMBackend, str]:
         raise ConfigError(f"the CPU vLLM server did not start: {served.stderr.strip()[-2000:]}")
     answers = dict(line.split("=", 1) for line in served.stdout.split() if "=" in line)
     url = answers.get("URL", f"http://127.0.0.1:{port}")
-    backend = OpenAICompatBackend([url], model=paths["MODEL_DIR"], timeout_s=600.0)
+    # scripts/vllm_cpu.sh serves the model under this name; constrained JSON keeps a model
+    # this small to the output contract.
+    backend = OpenAICompatBackend(
+        [url], model="smollm2", timeout_s=600.0, response_format="json_schema"
+    )
     return backend, url
 
 
@@ -216,7 +220,18 @@ async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> in
     """Everything after the database exists: serve, replay, drain, report."""
     await upgrade_database(url)
     clock = ScaledClock(speed)
-    trace, source = load_demo_trace(requests)
+    trace, source = load_demo_trace(requests, max_lines=80 if llm == "vllm-cpu" else None)
+    if llm == "vllm-cpu":
+        # The CPU model's 4,096-token context holds about a hundred changed lines, and a
+        # handful of small PRs five seconds apart keeps a real-time demo short.
+        trace = Trace(
+            header=trace.header,
+            requests=tuple(
+                dataclasses.replace(request, arrival_s=5.0 * index)
+                for index, request in enumerate(trace.requests)
+            ),
+            source=trace.source,
+        )
     say(f"trace: {len(trace.requests)} requests from {source}, replayed at {speed:g}x")
     emulator_state = EmulatorState()
     settings = Settings(
