@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
 from bot.errors import ForgeError, ForgeNotFound
@@ -15,6 +15,7 @@ from bot.policy import PolicyBook, evaluate
 from bot.queue.store import QueueStore
 from bot.review.assemble import classify_skipped_file
 from bot.review.chunking import DEFAULT_LINE_BUDGET, plan_chunks
+from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.sched.mlfq import ServiceEstimator, rank_chunks
 
 log = logging.getLogger(__name__)
@@ -136,13 +137,6 @@ def build_review_plan(
     )
 
 
-def planning_backoff(tries: int, error: ForgeError, settings: PlanningSettings) -> float:
-    """Seconds before the next try: the forge's Retry-After, else doubling from backoff_s."""
-    if error.retry_after is not None:
-        return max(error.retry_after, 0.0)
-    return float(min(settings.max_backoff_s, settings.backoff_s * 2 ** max(tries - 1, 0)))
-
-
 async def plan_one_job(
     store: QueueStore,
     forges: Mapping[str, ForgeClient],
@@ -226,33 +220,16 @@ async def _defer_or_fail(
     now: datetime,
     settings: PlanningSettings,
 ) -> PlanningOutcome:
-    context = {"job_id": job.id, "forge": job.forge}
-    message = f"fetching the diff failed: {error}"
-    if error.retryable:
-        tries = int(job.request.get("planning_attempts") or 0) + 1
-        if tries < settings.max_attempts:
-            delay = planning_backoff(tries, error, settings)
-            recorded = await store.defer_job(
-                job.id,
-                now=now,
-                retry_at=now + timedelta(seconds=delay),
-                error=message,
-                kind="planning",
-            )
-            log.warning(
-                "job %s: %s; try %d of %d again in %.0f s",
-                job.id,
-                message,
-                tries,
-                settings.max_attempts,
-                delay,
-                extra={"action": "plan_deferred", **context},
-            )
-            return PlanningOutcome(job.id, "deferred", detail=f"{message} (try {recorded})")
-        message = f"{message} (gave up after {tries} tries)"
-    await store.finish_job(job.id, now=now, state=JobState.FAILED, error=message, actor="planner")
-    log.error("job %s failed: %s", job.id, message, extra={"action": "plan_failed", **context})
-    return PlanningOutcome(job.id, "failed", detail=message)
+    result, detail = await defer_or_fail(
+        store,
+        job,
+        error,
+        now=now,
+        stage="planning",
+        message=f"fetching the diff failed: {error}",
+        budget=RetryBudget(settings.max_attempts, settings.backoff_s, settings.max_backoff_s),
+    )
+    return PlanningOutcome(job.id, result, detail=detail)
 
 
 async def plan_next_jobs(
@@ -289,7 +266,6 @@ __all__ = [
     "build_review_plan",
     "plan_next_jobs",
     "plan_one_job",
-    "planning_backoff",
     "reevaluate",
     "request_of",
     "summarize_outcomes",

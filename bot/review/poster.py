@@ -9,7 +9,7 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
 from bot.clock import Clock
@@ -27,6 +27,7 @@ from bot.obs.metrics import Metrics
 from bot.policy import PolicyBook
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
+from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.diff import commentable_positions
 from bot.review.parse import parse_review
 from bot.review.planner import PlanningSettings, plan_next_jobs
@@ -149,13 +150,6 @@ def review_record(posted: PostedReview, assembled: AssembledReview | None) -> di
     return record
 
 
-def posting_backoff(tries: int, error: ForgeError, settings: PostingSettings) -> float:
-    """Seconds before the next try: the forge's Retry-After, else doubling from backoff_s."""
-    if error.retry_after is not None:
-        return max(error.retry_after, 0.0)
-    return float(min(settings.max_backoff_s, settings.backoff_s * 2 ** max(tries - 1, 0)))
-
-
 async def post_job_review(
     store: QueueStore,
     forges: Mapping[str, ForgeClient],
@@ -246,33 +240,16 @@ async def _defer_or_fail(
     now: datetime,
     settings: PostingSettings,
 ) -> PostingOutcome:
-    context = {"job_id": job.id, "forge": job.forge}
-    message = f"posting the review failed: {error}"
-    if error.retryable:
-        tries = int(job.request.get("posting_attempts") or 0) + 1
-        if tries < settings.max_attempts:
-            delay = posting_backoff(tries, error, settings)
-            await store.defer_job(
-                job.id,
-                now=now,
-                retry_at=now + timedelta(seconds=delay),
-                error=message,
-                kind="posting",
-            )
-            log.warning(
-                "job %s: %s; try %d of %d again in %.0f s",
-                job.id,
-                message,
-                tries,
-                settings.max_attempts,
-                delay,
-                extra={"action": "post_deferred", **context},
-            )
-            return PostingOutcome(job.id, "deferred", detail=message)
-        message = f"{message} (gave up after {tries} tries)"
-    await store.finish_job(job.id, now=now, state=JobState.FAILED, error=message)
-    log.error("job %s failed: %s", job.id, message, extra={"action": "post_failed", **context})
-    return PostingOutcome(job.id, "failed", detail=message)
+    result, detail = await defer_or_fail(
+        store,
+        job,
+        error,
+        now=now,
+        stage="posting",
+        message=f"posting the review failed: {error}",
+        budget=RetryBudget(settings.max_attempts, settings.backoff_s, settings.max_backoff_s),
+    )
+    return PostingOutcome(job.id, result, detail=detail)
 
 
 async def post_unposted(
@@ -368,7 +345,6 @@ __all__ = [
     "build_review",
     "post_job_review",
     "post_unposted",
-    "posting_backoff",
     "render_comment",
     "review_chunk_of",
     "review_record",

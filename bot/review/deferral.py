@@ -1,0 +1,76 @@
+"""What planning and posting do when the forge fails: try again later, or end the job failed."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from bot.errors import ForgeError
+from bot.model import Job, JobState
+from bot.queue.store import QueueStore
+
+log = logging.getLogger(__name__)
+
+Stage = Literal["planning", "posting"]
+_ACTION_PREFIX = {"planning": "plan", "posting": "post"}
+_ACTOR = {"planning": "planner", "posting": "poster"}
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    """How often and how patiently one stage retries a failing forge."""
+
+    max_attempts: int
+    backoff_s: float
+    max_backoff_s: float
+
+
+def retry_delay(tries: int, error: ForgeError, budget: RetryBudget) -> float:
+    """Seconds before the next try: the forge's Retry-After, else doubling from backoff_s."""
+    if error.retry_after is not None:
+        return max(error.retry_after, 0.0)
+    return float(min(budget.max_backoff_s, budget.backoff_s * 2 ** max(tries - 1, 0)))
+
+
+async def defer_or_fail(
+    store: QueueStore,
+    job: Job,
+    error: ForgeError,
+    *,
+    now: datetime,
+    stage: Stage,
+    message: str,
+    budget: RetryBudget,
+) -> tuple[Literal["deferred", "failed"], str]:
+    """Defer a retryable failure with backoff while tries remain; else end the job failed."""
+    context = {"job_id": job.id, "forge": job.forge}
+    prefix = _ACTION_PREFIX[stage]
+    if error.retryable:
+        tries = int(job.request.get(f"{stage}_attempts") or 0) + 1
+        if tries < budget.max_attempts:
+            delay = retry_delay(tries, error, budget)
+            recorded = await store.defer_job(
+                job.id,
+                now=now,
+                retry_at=now + timedelta(seconds=delay),
+                error=message,
+                kind=stage,
+            )
+            log.warning(
+                "job %s: %s; try %d of %d again in %.0f s",
+                job.id,
+                message,
+                tries,
+                budget.max_attempts,
+                delay,
+                extra={"action": f"{prefix}_deferred", **context},
+            )
+            return "deferred", f"{message} (try {recorded})"
+        message = f"{message} (gave up after {tries} tries)"
+    await store.finish_job(
+        job.id, now=now, state=JobState.FAILED, error=message, actor=_ACTOR[stage]
+    )
+    log.error("job %s failed: %s", job.id, message, extra={"action": f"{prefix}_failed", **context})
+    return "failed", message
