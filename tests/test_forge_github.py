@@ -172,6 +172,13 @@ async def test_app_auth_caches_the_installation_token_until_five_minutes_before_
     assert emulator.state.count_requests("github.access_token") == 2
     assert client.tokens_issued == 2
 
+    # A token revoked before its expiry is answered 401: the client fetches a new one, once.
+    for token in emulator.state.issued_tokens:
+        installation, _ = emulator.state.issued_tokens[token]
+        emulator.state.issued_tokens[token] = (installation, clock.now())
+    await client.fetch_changes(REPO, 9, installation_id=77)
+    assert client.tokens_issued == 3
+
     # Without an installation id the client asks GitHub which installation holds the repo.
     other = GitHubClient(
         session,

@@ -45,6 +45,14 @@ class ForgePermissionDenied(ForgeError):
         return False
 
 
+class ForgeCredentialsExpired(ForgeError):
+    """A cached credential was refused (revoked or rotated); a fresh one may be fetched."""
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class PullChanges:
     """A pull/merge request's diff: the shas it is based on and its changed files."""

@@ -20,6 +20,7 @@ from bot.forges.base import (
     PERMISSIONS,
     Clock,
     ContentLimiter,
+    ForgeCredentialsExpired,
     ForgePermissionDenied,
     Permission,
     PostedReview,
@@ -179,9 +180,10 @@ class GitHubClient:
     ) -> T:
         """Run one API operation with auth, pacing, error translation and retries."""
         attempts = 0
+        refreshed = False
 
         async def attempt() -> T:
-            nonlocal attempts
+            nonlocal attempts, refreshed
             attempts += 1
             if attempts > 1 and recheck is not None:
                 found = await recheck()
@@ -193,7 +195,14 @@ class GitHubClient:
                     await self._limiter.wait_turn(self._limit_key(repo))
                 return await operation(token)
             except gidgethub.HTTPException as exc:
-                raise translate_github_error(exc, now=self._clock()) from exc
+                error = translate_github_error(exc, now=self._clock())
+                if error.status == 401 and self._token is None and not refreshed:
+                    # An installation token revoked or rotated before its expiry: forget it
+                    # and try once more with a new one.
+                    refreshed = True
+                    self._forget_installation_token(repo)
+                    raise ForgeCredentialsExpired(str(error), status=401) from exc
+                raise error from exc
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise ForgeError(f"GitHub unreachable during {action}: {exc!r}") from exc
 
@@ -204,6 +213,11 @@ class GitHubClient:
         return await retry_forge_call(
             attempt, sleep=self._sleep, policy=self._retry, action=action, on_retry=on_retry
         )
+
+    def _forget_installation_token(self, repo: str) -> None:
+        installation = self._installations.get(repo)
+        if installation is not None:
+            self._installation_tokens.pop(installation, None)
 
     def _limit_key(self, repo: str) -> str:
         installation = self._installations.get(repo)
