@@ -70,6 +70,14 @@ class LLMError(ReviewBotError):
         self.retryable = retryable
 
 
+class LLMRequestRejected(LLMError):
+    """The model server refused this request itself (a 4xx such as a prompt over the context
+    length): no retry or other worker will take it, but the rest of the review can go on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 class BackendUnavailable(LLMError):
     """The chosen LLM backend cannot be used here (e.g. vLLM not installed)."""
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 
 import pytest
+from aiohttp import web
 
 from bot.clock import SystemClock
+from bot.llm.openai_compat import OpenAICompatBackend
 from bot.llm.simulated import SimulatedBackend
-from bot.model import ChunkState, Job, JobState, Level
+from bot.model import ChunkState, FileChange, Job, JobState, Level
 from bot.queue.store import QueueSettings, QueueStore
-from bot.review.chunking import plan_chunks_from_lines
+from bot.review.assemble import assemble_review, stored_chunk
+from bot.review.chunking import plan_chunks, plan_chunks_from_lines
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings, JobPlan
 from bot.sched.mlfq import MlfqSettings
 from tests.factories import decide, make_request
@@ -203,3 +207,105 @@ async def test_a_p0_review_with_every_slot_busy_preempts_and_the_victim_runs_onc
         dispatcher.stop()
         await asyncio.wait_for(runner, timeout=10.0)
         await store.close()
+
+
+class ContextLimitedServer:
+    """An OpenAI-compatible server on loopback that refuses prompts over its context length,
+    with vLLM's 400 answer, and answers the rest with a valid, empty review."""
+
+    def __init__(self, max_prompt_chars: int) -> None:
+        self.max_prompt_chars = max_prompt_chars
+        self.refused = 0
+        self.runner: web.AppRunner | None = None
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt = "".join(str(message["content"]) for message in body["messages"])
+        if len(prompt) > self.max_prompt_chars:
+            self.refused += 1
+            message = (
+                "This model's maximum context length is 4096 tokens. However, your prompt"
+                " contains at least 4097 input tokens."
+            )
+            return web.json_response(
+                {"object": "error", "message": message, "type": "BadRequestError", "code": 400},
+                status=400,
+            )
+        answer = json.dumps({"findings": [], "summary": "Looks fine."})
+        return web.json_response(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": answer},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+            }
+        )
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+class PatchPlanner:
+    """Two chunks: a small real patch, and one whose two lines overflow the model's context."""
+
+    async def plan(self, job: Job) -> JobPlan:
+        small = FileChange(
+            path="app/small.py", additions=1, deletions=0, patch="@@ -1 +1,2 @@\n x\n+y\n"
+        )
+        huge_patch = "@@ -1 +1,3 @@\n x\n+" + "a" * 8000 + "\n+" + "b" * 8000 + "\n"
+        huge = FileChange(path="app/huge.py", additions=2, deletions=0, patch=huge_patch)
+        result = plan_chunks([small, huge], line_budget=2, first_budget=None)
+        assert [len(chunk.files) for chunk in result.chunks] == [1, 1]
+        return JobPlan(chunks=result.chunks)
+
+
+async def test_a_chunk_the_model_server_refuses_is_named_in_the_review_not_fatal(
+    db_url: str,
+) -> None:
+    server = ContextLimitedServer(max_prompt_chars=6000)
+    url = await server.start()
+    store = QueueStore.from_url(db_url)
+    backend = OpenAICompatBackend([url], model="review-model", max_retries=1)
+    dispatcher = Dispatcher(
+        store,
+        backend,
+        planner=PatchPlanner(),
+        settings=DispatcherSettings(owner="d1", slots=2, poll_s=0.2, lease_s=60.0),
+        clock=SystemClock(),
+    )
+    runner = asyncio.create_task(dispatcher.run(database_url=db_url))
+    try:
+        job_id = await _submit(store, 1, lines=3)
+        await _until(lambda: _all_done(store, [job_id]), timeout_s=20.0)
+        chunks = await store.chunk_results(job_id)
+        statuses = [str((chunk.result or {}).get("status")) for chunk in chunks]
+        assert statuses == ["ok", "failed"]
+        assert all(chunk.state == ChunkState.DONE and chunk.attempts == 1 for chunk in chunks)
+        assembled = assemble_review([stored_chunk(chunk) for chunk in chunks])
+        assert not assembled.complete
+        assert "app/huge.py" in assembled.summary and "context length" in assembled.summary
+        assert server.refused == 1  # refused once: a 4xx is not retried elsewhere
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(runner, timeout=10.0)
+        await backend.close()
+        await store.close()
+        await server.stop()

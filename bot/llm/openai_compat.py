@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from bot.errors import ConfigError, LLMError
+from bot.errors import ConfigError, LLMError, LLMRequestRejected
 from bot.llm.base import LLMRequest, LLMResponse
 from bot.review.prompts import REVIEW_SCHEMA
 
@@ -271,7 +271,9 @@ class OpenAICompatBackend:
                     if failure.retry_after is not None:
                         delay = max(delay, min(failure.retry_after, self.backoff_max_s))
                     await self.sleep(delay)
-        raise LLMError(f"LLM call failed: {last_error}", retryable=retryable)
+        if not retryable:
+            raise LLMRequestRejected(f"LLM call failed: {last_error}")
+        raise LLMError(f"LLM call failed: {last_error}", retryable=True)
 
     def wait_for_probe_s(self, attempt: int) -> float:
         """How long to wait when every worker is out: until the first probe is due, bounded."""

@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol
 
 from bot.clock import Clock
 from bot.config import SchedulerSettings
-from bot.errors import LeaseLost, LLMError, ReviewBotError
+from bot.errors import LeaseLost, LLMError, LLMRequestRejected, ReviewBotError
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
 from bot.model import LEVELS, ChunkPlan, Job, JobState, Level, PolicyDecision, ReviewRequest
 from bot.obs.metrics import Metrics
@@ -691,6 +691,22 @@ class Dispatcher:
             self._calls[leased.chunk.id] = call
             try:
                 review = await call
+            except LLMRequestRejected as exc:
+                # This model cannot review this part (e.g. a prompt over its context length);
+                # the rest of the review goes on and its summary names the part and why.
+                log.warning(
+                    "chunk %s refused by the model server: %s",
+                    leased.chunk.id,
+                    exc,
+                    extra={"action": "chunk_refused", "job_id": leased.chunk.job_id},
+                )
+                await self.complete_review(
+                    leased,
+                    gpu_seconds=0.0,
+                    result={"status": "failed", "error": f"the model server refused it: {exc}"},
+                    now=self.clock.now(),
+                )
+                return
             except LLMError as exc:
                 await self.fail(leased, exc, self.clock.now())
                 return
