@@ -25,15 +25,23 @@ class VirtualClock:
     def __init__(self, start: datetime = EPOCH) -> None:
         self._now = start
         self.start = start
+        self.sleeps: list[float] = []
 
     def now(self) -> datetime:
         return self._now
 
-    def advance(self, seconds: float) -> datetime:
-        if seconds < 0:
+    def advance(self, seconds: float = 0.0, **delta: float) -> datetime:
+        """Move forward by `seconds` and/or timedelta keywords (`minutes=5`)."""
+        step = timedelta(seconds=seconds, **delta)
+        if step < timedelta(0):
             raise ValueError("virtual time only moves forward")
-        self._now += timedelta(seconds=seconds)
+        self._now += step
         return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        """A sleep that moves virtual time instead of waiting, and is remembered."""
+        self.sleeps.append(seconds)
+        self.advance(max(0.0, seconds))
 
     def set(self, when: datetime) -> datetime:
         if when < self._now:

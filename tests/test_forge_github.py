@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import aiohttp
 import gidgethub
@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from gidgethub import sansio
 
+from bot.clock import VirtualClock
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     ForgePermissionDenied,
@@ -29,29 +30,6 @@ from bot.model import FileChange
 
 SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
 REPO = "acme/shop"
-
-
-class VirtualClock:
-    """A clock that only moves when slept on or advanced; records every sleep."""
-
-    def __init__(self) -> None:
-        self.current = datetime(2025, 3, 3, 10, 0, tzinfo=UTC)
-        self.sleeps: list[float] = []
-
-    def now(self) -> datetime:
-        return self.current
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.current += timedelta(seconds=seconds)
-
-    def advance(self, **delta: float) -> None:
-        self.current += timedelta(**delta)
-
-
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
 
 
 @pytest.fixture

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from bot.clock import VirtualClock
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     InlineComment,
@@ -22,26 +22,6 @@ from bot.model import FileChange
 
 SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
 REPO = "acme/platform/api"
-
-
-class VirtualClock:
-    """A clock that only moves when slept on; records every sleep."""
-
-    def __init__(self) -> None:
-        self.current = datetime(2025, 3, 3, 10, 0, tzinfo=UTC)
-        self.sleeps: list[float] = []
-
-    def now(self) -> datetime:
-        return self.current
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.current += timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
 
 
 @pytest.fixture
