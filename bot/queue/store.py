@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -128,6 +128,17 @@ def _translate_database_error(exc: DBAPIError) -> StoreError:
     return StoreError(f"database error: {exc}")
 
 
+@contextmanager
+def _database_errors() -> Iterator[None]:
+    """Translate driver errors at the adapter edge into the store's own errors."""
+    try:
+        yield
+    except (OperationalError, InterfaceError, OSError, ConnectionError) as exc:
+        raise StoreUnavailable(f"database unavailable: {exc}") from exc
+    except DBAPIError as exc:
+        raise _translate_database_error(exc) from exc
+
+
 def dedupe_key_for(request: ReviewRequest) -> str:
     """One review per change: forge, repository, number and head sha."""
     return f"{request.forge}:{request.repo}#{request.number}@{request.head_sha}"
@@ -228,24 +239,16 @@ class QueueStore:
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncConnection]:
         """A transaction; connection failures become StoreUnavailable, others StoreError."""
-        try:
+        with _database_errors():
             async with self.engine.begin() as conn:
                 yield conn
-        except (OperationalError, InterfaceError, OSError, ConnectionError) as exc:
-            raise StoreUnavailable(f"database unavailable: {exc}") from exc
-        except DBAPIError as exc:
-            raise _translate_database_error(exc) from exc
 
     @asynccontextmanager
     async def _single_statement(self) -> AsyncIterator[AsyncConnection]:
         """A connection in autocommit: one statement is one durable transaction, no BEGIN."""
-        try:
+        with _database_errors():
             async with self._autocommit.connect() as conn:
                 yield conn
-        except (OperationalError, InterfaceError, OSError, ConnectionError) as exc:
-            raise StoreUnavailable(f"database unavailable: {exc}") from exc
-        except DBAPIError as exc:
-            raise _translate_database_error(exc) from exc
 
     async def _notify(self, conn: AsyncConnection, payload: str) -> None:
         if self.settings.notify:
