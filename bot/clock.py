@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -42,6 +43,7 @@ class VirtualClock:
         """A sleep that moves virtual time instead of waiting, and is remembered."""
         self.sleeps.append(seconds)
         self.advance(max(0.0, seconds))
+        await asyncio.sleep(0)  # other tasks run meanwhile, as during a real wait
 
     def set(self, when: datetime) -> datetime:
         if when < self._now:

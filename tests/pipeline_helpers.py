@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from bot.clock import VirtualClock
 from bot.config import Settings
 from bot.forges.base import RetryPolicy
@@ -40,19 +38,6 @@ LOCK = FileChange(
 IMAGE = FileChange(path="docs/logo.png", status="added")
 
 
-class SleepRecorder:
-    """The forge clients' sleep: moves the virtual clock instead of waiting, and remembers."""
-
-    def __init__(self, clock: VirtualClock) -> None:
-        self.clock = clock
-        self.sleeps: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.clock.advance(max(0.0, seconds))
-        await asyncio.sleep(0)  # other tasks run meanwhile, as during a real wait
-
-
 def emulator_state(clock: VirtualClock) -> EmulatorState:
     state = EmulatorState(clock=clock.now)
     state.github_tokens.add(GITHUB_TOKEN)
@@ -71,16 +56,16 @@ def forge_settings(emulator: ForgeEmulator, **changes: object) -> Settings:
 
 def emulator_forges(
     emulator: ForgeEmulator, clock: VirtualClock, *, attempts: int = 1, post_interval_s: float = 0.0
-) -> tuple[ForgeRegistry, SleepRecorder]:
-    """Real GitHub and GitLab clients pointed at the emulator, sleeping on the virtual clock."""
-    sleep = SleepRecorder(clock)
+) -> ForgeRegistry:
+    """Real GitHub and GitLab clients pointed at the emulator, sleeping on the virtual clock
+    (which records every sleep)."""
     registry = build_forges(
         forge_settings(emulator),
         clock=clock.now,
-        sleep=sleep,
+        sleep=clock.sleep,
         options=ForgeOptions(retry=RetryPolicy(attempts=attempts), post_interval_s=post_interval_s),
     )
-    return registry, sleep
+    return registry
 
 
 def request_for(pull: EmulatedPull, **overrides: object) -> ReviewRequest:

@@ -33,7 +33,7 @@ async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
 
 @pytest.fixture
 async def forges(emulator: ForgeEmulator, clock: VirtualClock) -> AsyncIterator[ForgeRegistry]:
-    registry, _ = emulator_forges(emulator, clock)
+    registry = emulator_forges(emulator, clock)
     async with registry:
         yield registry
 

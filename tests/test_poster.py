@@ -21,7 +21,6 @@ from bot.review.poster import PostingSettings, build_review, post_job_review, po
 from tests.pipeline_helpers import (
     LOCK,
     SMELLY,
-    SleepRecorder,
     emulator_forges,
     emulator_state,
     request_for,
@@ -36,17 +35,10 @@ async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
 
 
 @pytest.fixture
-async def forge_pair(
-    emulator: ForgeEmulator, clock: VirtualClock
-) -> AsyncIterator[tuple[ForgeRegistry, SleepRecorder]]:
-    registry, sleep = emulator_forges(emulator, clock, attempts=3)
+async def forges(emulator: ForgeEmulator, clock: VirtualClock) -> AsyncIterator[ForgeRegistry]:
+    registry = emulator_forges(emulator, clock, attempts=3)
     async with registry:
-        yield registry, sleep
-
-
-@pytest.fixture
-def forges(forge_pair: tuple[ForgeRegistry, SleepRecorder]) -> ForgeRegistry:
-    return forge_pair[0]
+        yield registry
 
 
 @pytest.fixture
@@ -196,13 +188,12 @@ async def test_a_superseded_review_is_never_posted(
 async def test_forge_faults_end_in_exactly_one_review(
     store: QueueStore,
     emulator: ForgeEmulator,
-    forge_pair: tuple[ForgeRegistry, SleepRecorder],
+    forges: ForgeRegistry,
     book: PolicyBook,
     clock: VirtualClock,
     fault: Fault,
     route: str,
 ) -> None:
-    forges, sleep = forge_pair
     pull = emulator.state.add_pull("github", "acme/shop", 14, files=[SMELLY])
     job_id = await reviewed_job(store, forges, book, clock, pull)
     emulator.state.add_fault(route, fault)
@@ -212,7 +203,7 @@ async def test_forge_faults_end_in_exactly_one_review(
     assert outcome.result in ("posted", "already_posted")
     assert len(reviews_of(emulator, pull)) == 1
     if fault.retry_after is not None:
-        assert fault.retry_after in sleep.sleeps  # Retry-After obeyed
+        assert fault.retry_after in clock.sleeps  # Retry-After obeyed
     job = await store.get_job(job_id)
     assert job is not None and job.state == JobState.DONE
 
