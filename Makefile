@@ -27,6 +27,7 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check bot tests bench migrations
+	$(BIN)/ruff format --check bot tests bench migrations
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
