@@ -211,6 +211,60 @@ async def test_commands_are_recorded(client: Client, store: QueueStore) -> None:
     assert again["status"] == "duplicate"
 
 
+@pytest.mark.parametrize(
+    ("forge_fixture", "edit", "field"),
+    [
+        (
+            "github/pull_request.opened.json",
+            lambda p: p["pull_request"]["head"].update(sha="a" * 5000),
+            "pull_request.head.sha",
+        ),
+        (
+            "github/pull_request.opened.json",
+            lambda p: p["repository"].update(full_name="/api"),
+            "repository.full_name",
+        ),
+        (
+            "github/pull_request.opened.json",
+            lambda p: p["repository"].update(full_name="acme/x<script>alert(1)</script>"),
+            "repository.full_name",
+        ),
+        (
+            "github/pull_request.opened.json",
+            lambda p: p["pull_request"]["base"].update(ref="r" * 300),
+            "pull_request.base.ref",
+        ),
+        (
+            "gitlab/merge_request_hook.open.gitlab_com.json",
+            lambda p: p["object_attributes"]["last_commit"].update(id="not-a-sha"),
+            "object_attributes.last_commit.id",
+        ),
+        (
+            "github/pull_request.closed.not_merged.json",
+            lambda p: p["repository"].update(full_name="x" * 300),
+            "repository.full_name",
+        ),
+    ],
+)
+async def test_misshapen_fields_are_400_naming_the_field_and_store_nothing(
+    client: Client,
+    store: QueueStore,
+    forge_fixture: str,
+    edit: Callable[[dict[str, Any]], None],
+    field: str,
+) -> None:
+    fixture = load_fixture(forge_fixture)
+    payload = fixture.payload
+    edit(payload)
+    response = await post(client, fixture.with_payload(payload), "shape-1")
+    assert response.status == 400
+    answer = await response.json()
+    assert field in json.dumps(answer), answer
+    assert "<script>" not in await response.text()
+    assert await count(store, "review_jobs") == 0
+    assert await delivery_row(store, "shape-1") is None
+
+
 def _signed(body: bytes, event: str = "pull_request", **extra: str) -> dict[str, str]:
     signature = hmac.new(GITHUB_SECRET.encode(), body, hashlib.sha256).hexdigest()
     return {

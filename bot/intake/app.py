@@ -23,7 +23,9 @@ from bot.intake.normalize import (
     clean_text,
     normalize_delivery,
 )
+from bot.intake.shape import check_shape
 from bot.intake.verify import Delivery, verify_github_delivery, verify_gitlab_delivery
+from bot.logsafe import escaped
 from bot.model import Forge, ReviewRequest
 from bot.policy import PolicyBook, evaluate
 from bot.queue.store import QueueStore
@@ -99,12 +101,13 @@ async def _handle_delivery(request: web.Request, forge: Forge) -> web.Response:
     else:
         delivery = verify_gitlab_delivery(request.headers, body, token=config.gitlab_token)
     outcome = normalize_delivery(delivery, bot_login=config.bot_login)
+    check_shape(outcome)
     answer, status = await record_outcome(config, delivery, outcome, now=config.clock.now())
     log.info(
         "%s %s delivery %s: %s",
         forge,
-        delivery.event,
-        delivery.delivery_id,
+        escaped(delivery.event, limit=60),
+        escaped(delivery.delivery_id, limit=80),
         answer["status"],
         extra={
             "action": "webhook_" + str(answer["status"]),

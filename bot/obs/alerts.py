@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.clock import Clock, SystemClock
 from bot.config import AlertSettings
 from bot.errors import StoreError
+from bot.logsafe import escaped
 from bot.model import Level
 from bot.obs import statements as sql
 from bot.obs.metrics import Metrics
@@ -56,7 +57,8 @@ class Alert:
 
 def render_alert_message(job: WaitingJob, *, waited_s: float, threshold_s: float) -> str:
     """One line naming the job, its level and how long it has waited."""
-    where = f"{job.forge} {job.repo}#{job.number}" if job.repo else f"job {job.job_id}"
+    # The repository name came from a webhook: escaped, it cannot forge lines or carry markup.
+    where = f"{job.forge} {escaped(job.repo)}#{job.number}" if job.repo else f"job {job.job_id}"
     return (
         f"{job.level} review {where} (job {job.job_id}) has waited {waited_s:.0f} s "
         f"without starting (threshold {threshold_s:.0f} s)"
