@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from bot.database_url import normalize_database_url
 from bot.errors import ConfigError
 from bot.model import Level
 
@@ -173,8 +174,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         webhook_url=env.get("REVIEW_BOT_ALERT_WEBHOOK_URL") or None,
     )
     urls = tuple(u.strip() for u in env.get("REVIEW_BOT_LLM_URLS", "").split(",") if u.strip())
+    raw_url = env.get("DATABASE_URL")
     return Settings(
-        database_url=env.get("DATABASE_URL") or None,
+        database_url=normalize_database_url(raw_url) if raw_url else None,
         github_webhook_secret=_secret(env, "GITHUB_WEBHOOK_SECRET"),
         gitlab_webhook_token=_secret(env, "GITLAB_WEBHOOK_TOKEN"),
         insecure_dev=_bool(env, "REVIEW_BOT_INSECURE_DEV", False),

@@ -8,31 +8,14 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from bot.database_url import async_url, plain_url
 from bot.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
-
-
-def async_url(url: str) -> str:
-    """Return the URL with SQLAlchemy's asyncpg driver; raises ConfigError for non-PostgreSQL."""
-    try:
-        parsed = make_url(url)
-    except Exception as exc:  # sqlalchemy raises ArgumentError with a terse text
-        raise ConfigError(f"DATABASE_URL is not a database URL: {exc}") from exc
-    if parsed.get_backend_name() not in {"postgresql", "postgres"}:
-        raise ConfigError(f"DATABASE_URL must be a PostgreSQL URL, got {parsed.drivername!r}")
-    return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
-
-
-def plain_url(url: str) -> str:
-    """Return the URL as libpq/asyncpg spell it (for LISTEN connections and tools)."""
-    parsed = make_url(async_url(url))
-    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def create_engine(
@@ -82,3 +65,14 @@ def current_head() -> str:
     if head is None:
         raise ConfigError("no migrations found")
     return head
+
+
+__all__ = [
+    "alembic_config",
+    "async_url",
+    "create_engine",
+    "current_head",
+    "downgrade_database",
+    "plain_url",
+    "upgrade_database",
+]

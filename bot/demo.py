@@ -1,9 +1,9 @@
-"""`make demo`: the whole bot on embedded defaults, webhooks in and reviews out, in minutes.
+"""`make demo`: the whole bot on built-in defaults, webhooks in and reviews out, in minutes.
 
-Embedded PostgreSQL, the forge emulator, the web app and an 8-slot dispatcher in one process,
-and a slice of the morning-burst trace replayed as real signed webhooks at `--speed` times real
-time. Every clock of the bot runs at that speed (a scaled clock), so the waits it prints are in
-trace seconds, comparable to `bot simulate`.
+A PostgreSQL that bot.devdb finds or starts (and names), the forge emulator, the web app and an
+8-slot dispatcher in one process, and a slice of the morning-burst trace replayed as real signed
+webhooks at `--speed` times real time. Every clock of the bot runs at that speed (a scaled
+clock), so the waits it prints are in trace seconds, comparable to `bot simulate`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import logging
 import os
 import subprocess
 import time
+import zlib
 from collections import Counter
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from aiohttp import web
 
@@ -35,6 +37,8 @@ from bot.forges.emulator import (
     build_github_pull_request_event,
     build_gitlab_merge_request_event,
     generate_file_changes,
+    github_pull_request_hook,
+    gitlab_merge_request_hook,
     send_webhook,
 )
 from bot.forges.registry import ForgeOptions, build_forges
@@ -79,15 +83,33 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+def _stable_number(text: str) -> int:
+    """A number derived from `text` that is the same in every process (unlike hash())."""
+    return zlib.crc32(text.encode())
+
+
+def recorded_payload(name: str) -> dict[str, Any] | None:
+    """A recorded delivery from ../shared/fixtures when it sits beside the repository, else None
+    (a plain clone: the emulator then builds the delivery from its own objects)."""
+    path = FIXTURES / name
+    if not path.is_file():
+        return None
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
 def demo_files(request: TraceRequest) -> list[FileChange]:
-    """Generated diffs with the trace's per-file sizes; every third change has a smell."""
+    """Generated diffs with the trace's per-file sizes; about every third change has a smell."""
     files: list[FileChange] = []
     for index, lines in enumerate(request.file_lines):
         [change] = generate_file_changes(
-            changed_lines=max(1, lines), files=1, seed=hash((request.id, index)) & 0xFFFF
+            changed_lines=max(1, lines),
+            files=1,
+            seed=_stable_number(f"{request.id}:{index}") & 0xFFFF,
         )
         files.append(replace(change, path=f"src/part{index}/{change.path.rsplit('/', 1)[-1]}"))
-    if int(request.id.lstrip("r") or 0) % 3 == 0:
+    # Trace ids differ by source (rNNNN in the shared trace, gSSS-NNNNN when generated).
+    if _stable_number(request.id) % 3 == 0:
         smell = SMELLS[len(request.file_lines) % len(SMELLS)]
         patch = (
             f"@@ -10,3 +10,4 @@\n def handle(payload):\n-    pass\n{smell}\n+    return payload\n "
@@ -140,7 +162,9 @@ async def send_request(
         seen.add(key)
     pull = state.get_pull(request.forge, request.repo, request.number)
     if request.forge == "github":
-        fixture = json.loads((FIXTURES / "github" / "pull_request.opened.json").read_text())
+        fixture = recorded_payload("github/pull_request.opened.json") or github_pull_request_hook(
+            state, pull
+        )
         payload = build_github_pull_request_event(
             fixture,
             action=request.action,
@@ -164,9 +188,9 @@ async def send_request(
             f"{url}/webhooks/github", "github", "pull_request", payload, SECRET
         )
     else:
-        fixture = json.loads(
-            (FIXTURES / "gitlab" / "merge_request_hook.open.gitlab_com.json").read_text()
-        )
+        fixture = recorded_payload(
+            "gitlab/merge_request_hook.open.gitlab_com.json"
+        ) or gitlab_merge_request_hook(state, pull)
         payload = build_gitlab_merge_request_event(
             fixture,
             action="open" if request.action == "opened" else "update",
@@ -233,6 +257,11 @@ async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> in
             source=trace.source,
         )
     say(f"trace: {len(trace.requests)} requests from {source}, replayed at {speed:g}x")
+    say(
+        f"webhooks: recorded GitHub/GitLab deliveries from {FIXTURES}, with each request's fields"
+        if FIXTURES.is_dir()
+        else "webhooks: built by the forge emulator from its PRs (../shared/fixtures is absent)"
+    )
     emulator_state = EmulatorState()
     settings = Settings(
         database_url=url,
@@ -380,7 +409,7 @@ async def print_results(
 
 
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """Provision an embedded PostgreSQL and run the whole bot on a slice of the morning burst."""
+    """Find or start a PostgreSQL and run the whole bot on a slice of the morning burst."""
     logging.getLogger("bot").setLevel(logging.WARNING)
     requests = int(getattr(args, "requests", 200))
     speed = float(getattr(args, "speed", 60.0))
@@ -388,11 +417,12 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     if llm == "vllm-cpu":
         requests = min(requests, 6)
         speed = 1.0
-    say("review-bot demo: embedded PostgreSQL, forge emulator, web app + 8-slot dispatcher")
-    with devdb.provision_server() as server:
+    say("review-bot demo: forge emulator, web app + 8-slot dispatcher")
+    with devdb.provision() as server:
+        say(f"PostgreSQL: {server.description}; a scratch database there, dropped after")
 
         async def run() -> int:
-            async with devdb.scratch_database(server, "review_bot_demo") as url:
+            async with devdb.scratch_database(server.url, "review_bot_demo") as url:
                 return await run_bot_demo(url, requests=requests, speed=speed, llm=llm)
 
         return asyncio.run(run())

@@ -19,12 +19,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from bot.db import plain_url
+from bot.database_url import database_url_with_name, plain_url
 from bot.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -154,32 +155,56 @@ def _pgserver_cluster() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@dataclass(frozen=True, slots=True)
+class ProvisionedServer:
+    """A PostgreSQL server to make databases on, and words that say which one it is."""
+
+    url: str
+    description: str
+
+
 @contextlib.contextmanager
-def provision_server() -> Iterator[str]:
-    """Yield an admin URL of a PostgreSQL server that may create databases."""
+def provision(*, local_port: int = 5432) -> Iterator[ProvisionedServer]:
+    """Find or start a PostgreSQL server that may create databases (order: module docstring)."""
     configured = os.environ.get("DATABASE_URL")
     if configured:
+        url = plain_url(configured)
         log.info("using DATABASE_URL", extra={"action": "db_provision", "source": "env"})
-        yield plain_url(configured)
+        yield ProvisionedServer(url, f"the server of DATABASE_URL ({_where(url)})")
         return
-    local = _local_server_answers()
+    local = _local_server_answers(port=local_port)
     if local:
         log.info("using the local server", extra={"action": "db_provision", "source": "local"})
-        yield local
+        yield ProvisionedServer(local, f"the local PostgreSQL server at {_where(local)}")
         return
     initdb, pg_ctl = _find_binary("initdb"), _find_binary("pg_ctl")
     if initdb and pg_ctl:
         log.info("starting a throwaway cluster", extra={"action": "db_provision"})
         with _throwaway_cluster(initdb, pg_ctl) as url:
-            yield url
+            yield ProvisionedServer(
+                url, f"a throwaway cluster made with {initdb} at {_where(url)}, removed after"
+            )
         return
     with _pgserver_cluster() as url:
-        yield url
+        yield ProvisionedServer(url, "an embedded PostgreSQL (the pgserver wheel), removed after")
+
+
+@contextlib.contextmanager
+def provision_server() -> Iterator[str]:
+    """Yield an admin URL of a PostgreSQL server that may create databases."""
+    with provision() as server:
+        yield server.url
+
+
+def _where(url: str) -> str:
+    """host:port of a URL, without its credentials."""
+    parsed = make_url(url)
+    return f"{parsed.host or 'localhost'}:{parsed.port or 5432}"
 
 
 def database_url(server_url: str, name: str) -> str:
     """The URL of database `name` on the server of `server_url`."""
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    return database_url_with_name(server_url, name)
 
 
 def unique_database_name(prefix: str = "review_bot") -> str:
@@ -188,7 +213,7 @@ def unique_database_name(prefix: str = "review_bot") -> str:
 
 async def create_database(server_url: str, name: str, *, template: str | None = None) -> str:
     """Create database `name` (optionally from a template); returns its URL."""
-    conn = await asyncpg.connect(server_url, timeout=10)
+    conn = await asyncpg.connect(plain_url(server_url), timeout=10)
     try:
         clause = f' TEMPLATE "{template}"' if template else ""
         await conn.execute(f'CREATE DATABASE "{name}"{clause}')
@@ -199,7 +224,7 @@ async def create_database(server_url: str, name: str, *, template: str | None = 
 
 async def drop_database(server_url: str, name: str) -> None:
     """Drop database `name`, disconnecting whoever is still in it."""
-    conn = await asyncpg.connect(server_url, timeout=10)
+    conn = await asyncpg.connect(plain_url(server_url), timeout=10)
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:

@@ -1851,6 +1851,70 @@ def build_gitlab_note_event(
     return payload
 
 
+def github_pull_request_hook(
+    state: EmulatorState, pull: EmulatedPull, *, action: str = "opened", installation_id: int = 1
+) -> dict[str, Any]:
+    """A `pull_request` delivery for a seeded PR, built from the emulator's own API objects
+    (for a machine without recorded payloads)."""
+    pull_request = _github_pull(state, pull)
+    return {
+        "action": action,
+        "number": pull.number,
+        "pull_request": pull_request,
+        "repository": pull_request["base"]["repo"],
+        "sender": pull_request["user"],
+        "installation": {"id": installation_id, "node_id": f"I_{installation_id}"},
+    }
+
+
+def gitlab_merge_request_hook(
+    state: EmulatorState, pull: EmulatedPull, *, action: str = "open"
+) -> dict[str, Any]:
+    """A `Merge Request Hook` delivery for a seeded MR, built from the emulator's own objects
+    (for a machine without recorded payloads)."""
+    web_url = f"https://gitlab.example.com/{pull.repo}"
+    namespace, _, name = pull.repo.rpartition("/")
+    project = {
+        "id": pull.project_id,
+        "name": name,
+        "web_url": web_url,
+        "namespace": namespace,
+        "path_with_namespace": pull.repo,
+        "default_branch": "main",
+        "git_http_url": f"{web_url}.git",
+    }
+    labels = [
+        {"id": 2000 + index, "title": label, "project_id": pull.project_id, "type": "ProjectLabel"}
+        for index, label in enumerate(pull.labels)
+    ]
+    version = pull.newest
+    return {
+        "object_kind": "merge_request",
+        "event_type": "merge_request",
+        "user": _gitlab_user(state, pull.author),
+        "project": project,
+        "object_attributes": {
+            "id": pull.id,
+            "iid": pull.number,
+            "title": pull.title,
+            "action": action,
+            "state": "opened",
+            "draft": pull.draft,
+            "work_in_progress": pull.draft,
+            "source_branch": pull.head_ref,
+            "target_branch": pull.base_ref,
+            "source_project_id": pull.project_id,
+            "target_project_id": pull.project_id,
+            "last_commit": {"id": version.head_sha, "title": pull.title},
+            "labels": labels,
+            "url": f"{web_url}/-/merge_requests/{pull.number}",
+        },
+        "labels": labels,
+        "changes": {},
+        "repository": {"name": name, "url": f"{web_url}.git", "homepage": web_url},
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class WebhookDelivery:
     """What the bot answered to a delivery."""
