@@ -287,3 +287,61 @@ def test_success_verdict_rule() -> None:
     assert success_verdict(228.0, 114.0).endswith(": MET")
     assert success_verdict(228.0, 115.0).endswith(": NOT MET")
     assert "no wait before" in success_verdict(0.0, 3.0)
+
+
+async def test_breaches_count_jobs_still_waiting_past_the_threshold(store: QueueStore) -> None:
+    """A P0 nobody started is a breach while it waits, not only once it starts."""
+    stuck = await store.submit_request(make_request(number=1), decide(Level.P0), now=EPOCH)
+    await store.submit_request(
+        make_request(number=2, head_sha="d" * 40),
+        decide(Level.P0),
+        now=EPOCH + timedelta(seconds=55),
+    )
+    assert stuck.job_id is not None
+    options = ReportOptions(now=EPOCH + timedelta(seconds=60))
+    levels = _by_level((await build_report(store.engine, "waits", options)).rows)
+    # Measured at the window's end when that comes first.
+    early = ReportOptions(until=EPOCH + timedelta(seconds=9), now=EPOCH + timedelta(hours=1))
+    before_threshold = _by_level((await build_report(store.engine, "waits", early)).rows)
+    assert (levels["P0"]["jobs"], levels["P0"]["started"], levels["P0"]["waiting"]) == (2, 0, 2)
+    assert levels["P0"]["breaches"] == 1  # 60 s > 10 s; the other has waited 5 s
+    assert levels["all"]["breaches"] == 1
+    assert before_threshold["P0"]["breaches"] == 0
+
+
+def test_compare_says_n_a_for_a_level_with_no_jobs_in_a_period() -> None:
+    stats = {"mean": 40.0, "p50": 30.0, "p95": 90.0, "p99": 99.0, "max": 100.0}
+    side = {"wait": stats, "turnaround": stats}
+    before = {
+        "requests": 3,
+        "all": side,
+        "levels": {"P0": {"n": 1, **side, "breaches": 1}, "P1": {"n": 2, **side, "breaches": 0}},
+    }
+    after = {
+        "requests": 2,
+        "all": side,
+        "levels": {"P0": {"n": 0, "breaches": 0}, "P1": {"n": 2, **side, "breaches": 0}},
+    }
+    report = compare_summaries(before, after)
+    p0 = {row["metric"]: row for row in report.rows if row["scope"] == "P0"}
+    assert p0["wait_mean_s"] == {
+        "scope": "P0",
+        "metric": "wait_mean_s",
+        "before": 40.0,
+        "after": None,
+        "change_pct": None,
+    }
+    assert p0["breaches"]["after"] is None and p0["breaches"]["change_pct"] is None
+    p1 = {row["metric"]: row for row in report.rows if row["scope"] == "P1"}
+    assert p1["wait_mean_s"]["change_pct"] == 0.0
+    table, _ = render_report(report, "table")
+    p0_line = next(
+        line for line in table.splitlines() if line.startswith("P0 ") and "wait_mean_s" in line
+    )
+    assert p0_line.split()[-2:] == ["n/a", "n/a"]
+    assert "-100" not in table
+    csv_rows = list(csv.DictReader(io.StringIO(render_report(report, "csv")[0])))
+    assert {(row["after"], row["change_pct"]) for row in csv_rows if row["scope"] == "P0"} == {
+        ("n/a", "n/a")
+    }
+    assert "P2" not in {row["scope"] for row in report.rows}  # no jobs on either side

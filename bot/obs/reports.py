@@ -37,6 +37,7 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bot.clock import SystemClock
 from bot.config import Settings
 from bot.db import create_engine
 from bot.errors import ConfigError, ReviewBotError, StoreError, StoreUnavailable
@@ -66,8 +67,9 @@ def _percentile(share: float, column: str, name: str) -> str:
     )
 
 
-# Waits and turnaround per level at intake (and for all levels), breaches against the
-# configured thresholds, for jobs that arrived in the window.
+# Waits and turnaround per level at intake (and for all levels), for jobs that arrived in the
+# window. A breach is a wait past the level's threshold: a job that started late, or one still
+# waiting at :as_of (the window's end, or now) longer than the threshold.
 WAITS = text(
     f"""
     WITH w AS (SELECT * FROM report_waits WHERE {_window("enqueued_at")}),
@@ -77,12 +79,19 @@ WAITS = text(
     )
     SELECT CASE WHEN GROUPING(w.level) = 1 THEN 'all' ELSE 'P' || w.level END AS level,
            count(*) AS jobs, count(w.wait_s) AS started,
+           count(*) FILTER (WHERE w.first_started_at IS NULL AND w.finished_at IS NULL)
+               AS waiting,
            round(avg(w.wait_s)::numeric, 3) AS mean_wait_s,
            {_percentile(0.50, "w.wait_s", "p50_wait_s")},
            {_percentile(0.95, "w.wait_s", "p95_wait_s")},
            {_percentile(0.99, "w.wait_s", "p99_wait_s")},
            round(max(w.wait_s)::numeric, 3) AS max_wait_s,
-           count(*) FILTER (WHERE w.wait_s > t.threshold_s) AS breaches,
+           count(*) FILTER (
+               WHERE w.wait_s > t.threshold_s
+                  OR (w.first_started_at IS NULL AND w.finished_at IS NULL
+                      AND EXTRACT(EPOCH FROM CAST(:as_of AS timestamptz) - w.ready_at)
+                          > t.threshold_s)
+           ) AS breaches,
            round(avg(w.turnaround_s)::numeric, 3) AS mean_turnaround_s,
            {_percentile(0.50, "w.turnaround_s", "p50_turnaround_s")},
            {_percentile(0.95, "w.turnaround_s", "p95_turnaround_s")},
@@ -232,6 +241,14 @@ class ReportOptions:
     )
     slots: int = 8
     limit: int = 1000
+    # When "still waiting" is judged: the window's end if earlier; the caller's clock.
+    now: datetime | None = None
+
+    def as_of(self) -> datetime | None:
+        """The moment a job still waiting is measured at: the window's end or now."""
+        if self.until is None or self.now is None:
+            return self.until or self.now
+        return min(self.until, self.now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +258,7 @@ class Report:
     name: str
     rows: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    missing: str = ""  # how a cell with no value reads in a table or CSV
 
 
 def parse_time(value: str) -> datetime:
@@ -294,6 +312,7 @@ def _parameters(options: ReportOptions) -> dict[str, Any]:
         "t0": options.thresholds.get(Level.P0),
         "t1": options.thresholds.get(Level.P1),
         "t2": options.thresholds.get(Level.P2),
+        "as_of": options.as_of(),
         "slots": max(1, options.slots),
         "limit": options.limit,
     }
@@ -372,40 +391,58 @@ def summary_from_waits(rows: Sequence[Mapping[str, Any]], *, source: str) -> dic
     return summary
 
 
-def _change(before: float, after: float) -> float | None:
-    return None if before == 0 else round((after - before) / before * 100.0, 1)
+def _change(before: float | None, after: float | None) -> float | None:
+    """Percent change; None (shown "n/a") when a side has no value or nothing to compare to."""
+    if before is None or after is None or before == 0:
+        return None
+    return round((after - before) / before * 100.0, 1)
+
+
+def _has_jobs(side: Mapping[str, Any], *, requests: Any = None) -> bool:
+    """Whether one side of a comparison saw jobs at this scope (a level with none has no wait)."""
+    count = side.get("n", requests)
+    return bool(side) and (count is None or int(count) > 0)
 
 
 def compare_summaries(before: Mapping[str, Any], after: Mapping[str, Any]) -> Report:
-    """Before/after rows per level and statistic, and whether mean wait fell by half."""
+    """Before/after rows per level and statistic, and whether mean wait fell by half.
+
+    A scope with no jobs on one side shows "n/a" there, not a zero that reads as -100 %.
+    """
     rows: list[dict[str, Any]] = []
-    scopes: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]] = [
-        ("all", before.get("all", {}), after.get("all", {}))
+    scopes: list[tuple[str, Mapping[str, Any], Mapping[str, Any], bool, bool]] = [
+        (
+            "all",
+            before.get("all", {}),
+            after.get("all", {}),
+            _has_jobs(before.get("all", {}), requests=before.get("requests")),
+            _has_jobs(after.get("all", {}), requests=after.get("requests")),
+        )
     ]
     for level in LEVELS:
         name = str(level)
-        scopes.append(
-            (name, before.get("levels", {}).get(name, {}), after.get("levels", {}).get(name, {}))
-        )
-    for scope, old, new in scopes:
-        if not old and not new:
+        old_level = before.get("levels", {}).get(name, {})
+        new_level = after.get("levels", {}).get(name, {})
+        scopes.append((name, old_level, new_level, _has_jobs(old_level), _has_jobs(new_level)))
+    for scope, old, new, old_seen, new_seen in scopes:
+        if not old_seen and not new_seen:
             continue
         for kind in ("wait", "turnaround"):
             for statistic in ("mean", "p50", "p95", "p99", "max"):
-                old_value = float(old.get(kind, {}).get(statistic, 0.0))
-                new_value = float(new.get(kind, {}).get(statistic, 0.0))
+                old_value = _statistic(old, kind, statistic) if old_seen else None
+                new_value = _statistic(new, kind, statistic) if new_seen else None
                 rows.append(
                     {
                         "scope": scope,
                         "metric": f"{kind}_{statistic}_s",
-                        "before": round(old_value, 3),
-                        "after": round(new_value, 3),
+                        "before": old_value,
+                        "after": new_value,
                         "change_pct": _change(old_value, new_value),
                     }
                 )
         if "breaches" in old or "breaches" in new:
-            old_breaches = float(old.get("breaches", 0))
-            new_breaches = float(new.get("breaches", 0))
+            old_breaches = float(old.get("breaches", 0)) if old_seen else None
+            new_breaches = float(new.get("breaches", 0)) if new_seen else None
             rows.append(
                 {
                     "scope": scope,
@@ -418,7 +455,11 @@ def compare_summaries(before: Mapping[str, Any], after: Mapping[str, Any]) -> Re
     old_mean = float(before.get("all", {}).get("wait", {}).get("mean", 0.0))
     new_mean = float(after.get("all", {}).get("wait", {}).get("mean", 0.0))
     notes = [success_verdict(old_mean, new_mean)]
-    return Report(name="compare", rows=rows, notes=notes)
+    return Report(name="compare", rows=rows, notes=notes, missing="n/a")
+
+
+def _statistic(side: Mapping[str, Any], kind: str, statistic: str) -> float:
+    return round(float(side.get(kind, {}).get(statistic, 0.0)), 3)
 
 
 def success_verdict(before_mean: float, after_mean: float) -> str:
@@ -468,6 +509,7 @@ async def load_side(
         thresholds=options.thresholds,
         slots=options.slots,
         limit=options.limit,
+        now=options.now,
     )
     report = await build_report(engine_for(), "waits", window)
     return summary_from_waits(report.rows, source=value)
@@ -476,9 +518,9 @@ async def load_side(
 # --- output -------------------------------------------------------------------------------
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, missing: str = "") -> str:
     if value is None:
-        return ""
+        return missing
     if isinstance(value, float):
         return f"{value:.3f}".rstrip("0").rstrip(".") if value != int(value) else f"{value:.0f}"
     if isinstance(value, dict | list):
@@ -491,7 +533,9 @@ def format_table(report: Report) -> str:
     lines: list[str] = []
     if report.rows:
         columns = list(report.rows[0])
-        cells = [[_cell(row.get(column)) for column in columns] for row in report.rows]
+        cells = [
+            [_cell(row.get(column), report.missing) for column in columns] for row in report.rows
+        ]
         widths = [
             max(len(column), *(len(line[index][:60]) for line in cells))
             for index, column in enumerate(columns)
@@ -517,7 +561,11 @@ def format_csv(report: Report) -> str:
         for row in report.rows:
             writer.writerow(
                 {
-                    key: json.dumps(value) if isinstance(value, dict | list) else value
+                    key: json.dumps(value)
+                    if isinstance(value, dict | list)
+                    else report.missing
+                    if value is None
+                    else value
                     for key, value in row.items()
                 }
             )
@@ -550,6 +598,7 @@ def options_from(args: argparse.Namespace, settings: Settings) -> ReportOptions:
         repo=getattr(args, "repo", None) or None,
         thresholds=dict(settings.alerts.threshold_s),
         slots=settings.scheduler.workers,
+        now=SystemClock().now(),
     )
 
 
