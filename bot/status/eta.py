@@ -1,0 +1,219 @@
+"""When a queued review starts and ends: a dry run of the scheduler over expected call lengths.
+
+Pure: plain data in, plain data out. The queue as it stands (running calls with the time they
+have left, queued calls with their ranks and expected lengths from the service estimator) is
+played forward on the engines' slots, every free slot filled by the scheduler's own choice
+(`bot.sched.mlfq.choose_slot`: P0 first, weighted shares, the short-work reserve), each level's
+calls taken in the queue's order (rank, then job). A fluid model (work divided by slots) was the
+first idea; it misjudges the shallow queues this scheduler keeps, where a review's calls start
+at once on free slots. The dry run ignores work that has not arrived yet: `bot simulate` measures
+what that costs in accuracy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bot.model import LEVELS, Level
+from bot.sched.mlfq import CONTINUATION_RANK_OFFSET, MlfqSettings, choose_slot
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedCall:
+    """One queued call of a job: its queue rank and expected length in seconds."""
+
+    rank: float
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobLoad:
+    """One live job as the dry run sees it."""
+
+    job_id: int
+    level: Level
+    started: bool  # its first call has started
+    queued: tuple[QueuedCall, ...] = ()
+    running_s: tuple[float, ...] = ()  # expected seconds left of each of its running calls
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """The engines: how many calls run at once, how fast, and the scheduler's knobs."""
+
+    slots: int
+    mlfq: MlfqSettings = field(default_factory=MlfqSettings)
+    speed: float = 1.0  # expected seconds of work one slot does per second
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError("slots must be at least 1")
+        if self.speed <= 0:
+            raise ValueError("speed must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Where one job stands: its place among jobs not started, and when it starts and ends."""
+
+    job_id: int
+    level: Level
+    place: int | None  # 1 = next to start; None once its first call started
+    start_in_s: float
+    finish_in_s: float
+
+    @property
+    def ahead(self) -> int:
+        """Jobs not started yet that are expected to start before this one."""
+        return 0 if self.place is None else self.place - 1
+
+
+@dataclass(slots=True)
+class _Counts:
+    running: list[int]
+    ready: list[int]
+    fresh: list[int]
+    short_ready: list[int]
+    running_long: int = 0
+
+
+@dataclass(slots=True)
+class _Progress:
+    start: float | None = None
+    finish: float = 0.0
+
+
+def estimate_queue(jobs: Sequence[JobLoad], capacity: Capacity) -> dict[int, Estimate]:
+    """Place, expected start and expected end (seconds from now) of every job given."""
+    settings = capacity.mlfq
+    short_s = settings.short_work_s
+    queues: dict[Level, deque[tuple[float, int, float]]] = {}
+    counts = _Counts([0] * 4, [0] * 4, [0] * 4, [0] * 4)
+    progress = {job.job_id: _Progress(start=0.0 if job.started else None) for job in jobs}
+    running: list[tuple[float, int, int, Level, bool]] = []
+    order = itertools.count()
+    for level in LEVELS:
+        calls = sorted(
+            (call.rank, job.job_id, max(0.0, call.seconds))
+            for job in jobs
+            if job.level == level
+            for call in job.queued
+        )
+        queues[level] = deque(calls)
+        counts.ready[level] = len(calls)
+        counts.fresh[level] = sum(1 for rank, _, _ in calls if rank < CONTINUATION_RANK_OFFSET)
+        counts.short_ready[level] = sum(1 for rank, _, _ in calls if rank <= short_s)
+    for job in jobs:
+        for left in job.running_s:
+            end = max(0.0, left) / capacity.speed
+            long_call = left > short_s
+            running.append((end, next(order), job.job_id, job.level, long_call))
+            counts.running[job.level] += 1
+            counts.running_long += int(long_call)
+            progress[job.job_id].finish = max(progress[job.job_id].finish, end)
+    heapq.heapify(running)
+    now = 0.0
+    while True:
+        _fill(queues, counts, running, progress, capacity, now, order)
+        if not running:
+            if any(queues.values()):
+                # Nothing the scheduler would start and nothing running: start the most urgent
+                # call anyway (the live dispatcher polls again; a dry run must not stall).
+                level = next(level for level in LEVELS if queues[level])
+                _start(level, queues, counts, running, progress, capacity, now, order)
+                continue
+            break
+        now, _, _, level, long_call = heapq.heappop(running)
+        counts.running[level] -= 1
+        counts.running_long -= int(long_call)
+    return _estimates(jobs, progress)
+
+
+def _fill(
+    queues: dict[Level, deque[tuple[float, int, float]]],
+    counts: _Counts,
+    running: list[tuple[float, int, int, Level, bool]],
+    progress: dict[int, _Progress],
+    capacity: Capacity,
+    now: float,
+    order: itertools.count[int],
+) -> None:
+    """Start calls on free slots the way the dispatcher would."""
+    while capacity.slots - len(running) > 0:
+        choice = choose_slot(
+            running=counts.running,
+            ready=counts.ready,
+            fresh=counts.fresh,
+            short_ready=counts.short_ready,
+            running_long=counts.running_long,
+            free_slots=capacity.slots - len(running),
+            total_slots=capacity.slots,
+            settings=capacity.mlfq,
+        )
+        if choice is None:
+            return
+        level = next(
+            (
+                level
+                for level in choice.levels
+                if queues[level]
+                and (choice.max_rank is None or queues[level][0][0] <= choice.max_rank)
+            ),
+            None,
+        )
+        if level is None:
+            return
+        _start(level, queues, counts, running, progress, capacity, now, order)
+
+
+def _start(
+    level: Level,
+    queues: dict[Level, deque[tuple[float, int, float]]],
+    counts: _Counts,
+    running: list[tuple[float, int, int, Level, bool]],
+    progress: dict[int, _Progress],
+    capacity: Capacity,
+    now: float,
+    order: itertools.count[int],
+) -> None:
+    rank, job_id, seconds = queues[level].popleft()
+    short_s = capacity.mlfq.short_work_s
+    counts.ready[level] -= 1
+    if rank < CONTINUATION_RANK_OFFSET:
+        counts.fresh[level] -= 1
+    long_call = rank > short_s
+    if not long_call:
+        counts.short_ready[level] -= 1
+    counts.running[level] += 1
+    counts.running_long += int(long_call)
+    end = now + seconds / capacity.speed
+    heapq.heappush(running, (end, next(order), job_id, level, long_call))
+    mine = progress[job_id]
+    if mine.start is None:
+        mine.start = now
+    mine.finish = max(mine.finish, end)
+
+
+def _estimates(jobs: Sequence[JobLoad], progress: dict[int, _Progress]) -> dict[int, Estimate]:
+    waiting = sorted(
+        (job for job in jobs if not job.started),
+        key=lambda job: (progress[job.job_id].start or 0.0, int(job.level), job.job_id),
+    )
+    places = {job.job_id: index + 1 for index, job in enumerate(waiting)}
+    return {
+        job.job_id: Estimate(
+            job_id=job.job_id,
+            level=job.level,
+            place=places.get(job.job_id),
+            start_in_s=progress[job.job_id].start or 0.0,
+            finish_in_s=progress[job.job_id].finish,
+        )
+        for job in jobs
+    }
+
+
+__all__ = ["Capacity", "Estimate", "JobLoad", "QueuedCall", "estimate_queue"]

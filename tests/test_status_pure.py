@@ -1,0 +1,357 @@
+"""The status core: the ETA dry run, the should-publish decision, conclusions and the words."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bot.clock import EPOCH
+from bot.model import JobState, Level
+from bot.sched.mlfq import CONTINUATION_RANK_OFFSET, MlfqSettings
+from bot.status.decide import (
+    PublishRules,
+    StatusReport,
+    conclude,
+    findings_at_or_above,
+    parse_severity,
+    publish_reason,
+    state_of,
+)
+from bot.status.eta import Capacity, JobLoad, QueuedCall, estimate_queue
+from bot.status.render import StatusFacts, about, ordinal, render_status
+
+NOW = EPOCH
+NO_RESERVE = MlfqSettings(reserved_slots=0)
+
+
+def single(job_id: int, level: Level, seconds: float, *, rank: float | None = None) -> JobLoad:
+    return JobLoad(
+        job_id,
+        level,
+        started=False,
+        queued=(QueuedCall(rank if rank is not None else seconds, seconds),),
+    )
+
+
+# -- the dry run -------------------------------------------------------------------------------
+
+
+def test_an_empty_queue_starts_now_and_ends_after_the_job_own_calls() -> None:
+    job = JobLoad(
+        1,
+        Level.P1,
+        started=False,
+        queued=(
+            QueuedCall(5.0, 5.0),
+            QueuedCall(CONTINUATION_RANK_OFFSET + 20, 10.0),
+            QueuedCall(CONTINUATION_RANK_OFFSET + 20, 10.0),
+        ),
+    )
+    estimate = estimate_queue([job], Capacity(slots=8, mlfq=NO_RESERVE))[1]
+    assert estimate.place == 1 and estimate.ahead == 0
+    assert estimate.start_in_s == 0.0
+    # Three free slots: all three calls run at once, the review ends with the longest.
+    assert estimate.finish_in_s == pytest.approx(10.0)
+
+
+def test_one_slot_serves_a_level_in_rank_order() -> None:
+    jobs = [single(1, Level.P1, 30.0), single(2, Level.P1, 10.0), single(3, Level.P1, 20.0)]
+    estimates = estimate_queue(jobs, Capacity(slots=1, mlfq=NO_RESERVE))
+    assert [estimates[i].place for i in (2, 3, 1)] == [1, 2, 3]
+    assert estimates[2].finish_in_s == pytest.approx(10.0)
+    assert estimates[3].start_in_s == pytest.approx(10.0)
+    assert estimates[3].finish_in_s == pytest.approx(30.0)
+    assert estimates[1].finish_in_s == pytest.approx(60.0)
+
+
+def test_sixteen_equal_jobs_on_eight_slots_end_in_two_waves() -> None:
+    jobs = [single(i, Level.P1, 10.0) for i in range(16)]
+    estimates = estimate_queue(jobs, Capacity(slots=8, mlfq=NO_RESERVE))
+    finishes = sorted(estimate.finish_in_s for estimate in estimates.values())
+    assert finishes == [pytest.approx(10.0)] * 8 + [pytest.approx(20.0)] * 8
+
+
+def test_running_calls_hold_their_slots_until_they_end() -> None:
+    busy = JobLoad(1, Level.P2, started=True, running_s=(40.0,))
+    waiting = single(2, Level.P1, 5.0)
+    estimates = estimate_queue([busy, waiting], Capacity(slots=1, mlfq=NO_RESERVE))
+    assert estimates[1].place is None and estimates[1].finish_in_s == pytest.approx(40.0)
+    assert estimates[2].start_in_s == pytest.approx(40.0)
+    assert estimates[2].finish_in_s == pytest.approx(45.0)
+
+
+def test_p0_goes_before_every_other_level() -> None:
+    jobs = [single(i, Level.P1, 10.0) for i in range(4)] + [single(9, Level.P0, 50.0, rank=50.0)]
+    estimates = estimate_queue(jobs, Capacity(slots=1, mlfq=NO_RESERVE))
+    assert estimates[9].place == 1 and estimates[9].start_in_s == 0.0
+    assert estimates[0].start_in_s == pytest.approx(50.0)
+
+
+def test_levels_share_the_slots_by_weight() -> None:
+    # Four slots, a deep P1 and a deep P2 queue: the scheduler gives P1 about twice P2's slots.
+    jobs = [single(i, Level.P1, 10.0) for i in range(40)]
+    jobs += [single(100 + i, Level.P2, 10.0) for i in range(40)]
+    estimates = estimate_queue(jobs, Capacity(slots=3, mlfq=NO_RESERVE))
+    p1_done = max(estimates[i].finish_in_s for i in range(40))
+    p2_done_by_then = sum(1 for i in range(40) if estimates[100 + i].finish_in_s <= p1_done)
+    assert 15 <= p2_done_by_then <= 25  # 40 P1 jobs at 2 slots: P2 ran 1 slot meanwhile
+
+
+def test_a_longer_queue_ahead_means_a_later_eta() -> None:
+    mine = single(1, Level.P2, 10.0, rank=10.0)
+    short = [single(10 + i, Level.P1, 10.0) for i in range(3)]
+    long = [single(10 + i, Level.P1, 10.0) for i in range(30)]
+    one_slot = Capacity(slots=1, mlfq=NO_RESERVE)
+    assert estimate_queue([mine, *short], one_slot)[1].finish_in_s == pytest.approx(40.0)
+    assert estimate_queue([mine, *long], one_slot)[1].finish_in_s == pytest.approx(310.0)
+    # Two slots: the weighted share gives P2 one of them at once, however long P1's queue.
+    two_slots = Capacity(slots=2, mlfq=NO_RESERVE)
+    assert estimate_queue([mine, *long], two_slots)[1].finish_in_s == pytest.approx(10.0)
+
+
+def test_the_reserved_slot_keeps_short_work_moving() -> None:
+    # Two slots, one reserved: a long call holds one; the other takes only short work.
+    long_running = JobLoad(1, Level.P1, started=True, running_s=(100.0,))
+    long_queued = single(2, Level.P1, 60.0, rank=60.0)
+    short_queued = single(3, Level.P2, 5.0, rank=5.0)
+    estimates = estimate_queue(
+        [long_running, long_queued, short_queued], Capacity(slots=2, mlfq=MlfqSettings())
+    )
+    assert estimates[3].start_in_s == 0.0
+    assert estimates[2].start_in_s == pytest.approx(100.0)
+
+
+def test_a_faster_engine_shortens_the_eta() -> None:
+    jobs = [single(i, Level.P1, 10.0) for i in range(10)]
+    slow = estimate_queue(jobs, Capacity(slots=2, mlfq=NO_RESERVE))
+    fast = estimate_queue(jobs, Capacity(slots=2, mlfq=NO_RESERVE, speed=2.0))
+    assert fast[9].finish_in_s == pytest.approx(slow[9].finish_in_s / 2)
+
+
+def test_capacity_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="slots"):
+        Capacity(slots=0)
+    with pytest.raises(ValueError, match="speed"):
+        Capacity(slots=1, speed=0.0)
+
+
+jobs_strategy = st.lists(
+    st.tuples(
+        st.sampled_from(list(Level)),
+        st.booleans(),
+        st.lists(st.floats(min_value=0.5, max_value=300.0), min_size=0, max_size=4),
+        st.lists(st.floats(min_value=0.0, max_value=200.0), min_size=0, max_size=2),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs_strategy, st.integers(min_value=1, max_value=9))
+def test_every_job_gets_a_consistent_estimate(raw: list, slots: int) -> None:
+    jobs = []
+    for index, (level, started, calls, running) in enumerate(raw):
+        queued = tuple(
+            QueuedCall(seconds if seq == 0 else CONTINUATION_RANK_OFFSET + sum(calls), seconds)
+            for seq, seconds in enumerate(calls)
+        )
+        jobs.append(
+            JobLoad(index, level, started=started or bool(running), queued=queued,
+                    running_s=tuple(running) if started else ())
+        )  # fmt: skip
+    estimates = estimate_queue(jobs, Capacity(slots=slots))
+    total_work = sum(sum(c.seconds for c in job.queued) + sum(job.running_s) for job in jobs)
+    places = sorted(e.place for e in estimates.values() if e.place is not None)
+    assert places == list(range(1, len(places) + 1))
+    for job in jobs:
+        estimate = estimates[job.job_id]
+        assert 0.0 <= estimate.start_in_s <= estimate.finish_in_s + 1e-9
+        assert (
+            estimate.finish_in_s
+            >= estimate.start_in_s + max((c.seconds for c in job.queued), default=0.0) - 1e-6
+        )
+        assert estimate.finish_in_s <= total_work + 1e-6  # never later than one slot doing it all
+        assert estimate.finish_in_s >= max(job.running_s, default=0.0) - 1e-9
+        if job.started:
+            assert estimate.place is None and estimate.start_in_s == 0.0
+
+
+# -- should a status be written? ---------------------------------------------------------------
+
+
+def queued(place: int, eta_s: float, level: Level = Level.P1) -> StatusReport:
+    return StatusReport("queued", level, place=place, finish_at=NOW + timedelta(seconds=eta_s))
+
+
+def test_the_first_report_is_always_written() -> None:
+    assert publish_reason(None, None, queued(12, 40), now=NOW) == "first"
+
+
+def test_a_state_change_is_written_at_once() -> None:
+    running = StatusReport("in_progress", Level.P1, parts_done=0, parts_total=3)
+    assert publish_reason(queued(1, 40), NOW, running, now=NOW + timedelta(seconds=1)) == "state"
+
+
+def test_small_moves_are_not_written() -> None:
+    assert (
+        publish_reason(queued(12, 400), NOW, queued(10, 420), now=NOW + timedelta(minutes=5))
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("current", "reason"),
+    [
+        (queued(8, 400), "place"),  # 12 -> 8: a third
+        (queued(12, 520), "eta"),  # 400 s promised, moved by 120 s
+        (queued(12, 400, Level.P2), "level"),
+    ],
+)
+def test_moves_over_a_quarter_are_written_after_a_minute(
+    current: StatusReport, reason: str
+) -> None:
+    previous = queued(12, 400)
+    assert publish_reason(previous, NOW, current, now=NOW + timedelta(seconds=59)) is None
+    assert publish_reason(previous, NOW, current, now=NOW + timedelta(seconds=60)) == reason
+
+
+def test_eta_moves_below_the_floor_are_ignored() -> None:
+    previous = queued(1, 20)
+    assert publish_reason(previous, NOW, queued(1, 34), now=NOW + timedelta(minutes=2)) is None
+
+
+def test_progress_over_a_quarter_is_written() -> None:
+    before = StatusReport("in_progress", Level.P2, parts_done=1, parts_total=8)
+    small = StatusReport("in_progress", Level.P2, parts_done=2, parts_total=8)
+    large = StatusReport("in_progress", Level.P2, parts_done=4, parts_total=8)
+    at = NOW + timedelta(minutes=2)
+    assert publish_reason(before, NOW, small, now=at) is None
+    assert publish_reason(before, NOW, large, now=at) == "progress"
+
+
+def test_a_completed_status_is_final() -> None:
+    done = StatusReport("completed", Level.P1, conclusion="success")
+    again = StatusReport("completed", Level.P1, conclusion="neutral")
+    assert publish_reason(done, NOW, again, now=NOW + timedelta(hours=1)) is None
+
+
+def test_the_rules_are_configurable() -> None:
+    rules = PublishRules(min_interval_s=10.0, tolerance=0.5)
+    at = NOW + timedelta(seconds=11)
+    assert publish_reason(queued(12, 400), NOW, queued(8, 400), now=at, rules=rules) is None
+    assert publish_reason(queued(12, 400), NOW, queued(5, 400), now=at, rules=rules) == "place"
+
+
+# -- conclusions and states ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "counts", "neutral_at", "expected"),
+    [
+        (JobState.DONE, {}, "major", "success"),
+        (JobState.DONE, {"minor": 3, "info": 1}, "major", "success"),
+        (JobState.DONE, {"minor": 3, "major": 1}, "major", "neutral"),
+        (JobState.DONE, {"minor": 1}, "minor", "neutral"),
+        (JobState.DONE, {"critical": 1}, "critical", "neutral"),
+        (JobState.DONE, {"major": 2}, "critical", "success"),
+        (JobState.SUPERSEDED, None, "major", "skipped"),
+        (JobState.CANCELLED, None, "major", "cancelled"),
+        (JobState.FAILED, None, "major", "neutral"),
+        (JobState.DEAD, None, "major", "neutral"),
+        (JobState.RUNNING, None, "major", None),
+    ],
+)
+def test_conclusions(
+    state: JobState, counts: dict[str, int] | None, neutral_at: str, expected: str | None
+) -> None:
+    assert conclude(state, counts=counts, neutral_at=neutral_at) == expected
+
+
+def test_severities() -> None:
+    assert parse_severity(" Major ") == "major"
+    with pytest.raises(ValueError, match="critical, major, minor, info"):
+        parse_severity("blocker")
+    assert findings_at_or_above({"critical": 1, "major": 2, "minor": 5}, "major") == 3
+
+
+def test_states() -> None:
+    assert state_of(JobState.QUEUED, started=False) == "queued"
+    assert state_of(JobState.WAITING, started=False) == "queued"
+    assert state_of(JobState.RUNNING, started=True) == "in_progress"
+    for ended in (JobState.DONE, JobState.FAILED, JobState.SUPERSEDED, JobState.CANCELLED):
+        assert state_of(ended, started=True) == "completed"
+
+
+# -- words ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("number", "text"),
+    [(1, "1st"), (2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"), (13, "13th"),
+     (21, "21st"), (102, "102nd"), (111, "111th")],
+)  # fmt: skip
+def test_ordinals(number: int, text: str) -> None:
+    assert ordinal(number) == text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "5 s"), (38, "40 s"), (59, "60 s"), (61, "1 min"), (150, "2 min"), (3600, "1 h"),
+     (3900, "1 h 5 min")],
+)  # fmt: skip
+def test_about(seconds: float, text: str) -> None:
+    assert about(seconds) == text
+
+
+def test_the_queued_status_reads_level_place_eta_and_why() -> None:
+    report = queued(12, 38)
+    facts = StatusFacts(reasons=("ordinary pull request",), start_at=NOW + timedelta(seconds=9),
+                        slots=8, weights=(8, 4, 2, 1))  # fmt: skip
+    text = render_status(report, facts, now=NOW)
+    assert text.title == "P1 · 12th in line · review in about 40 s"
+    assert (
+        text.description
+        == "P1 · 12th in line · review in about 40 s · why P1: ordinary pull request"
+    )
+    assert "**Why P1:** ordinary pull request." in text.summary
+    assert "Expected start:** in about 10 s" in text.summary
+    assert "8 worker slots, shared by level weights 8:4:2:1" in text.summary
+
+
+def test_descriptions_fit_the_forges_limit() -> None:
+    facts = StatusFacts(reasons=("x" * 500,))
+    assert len(render_status(queued(3, 10), facts, now=NOW).description) <= 140
+
+
+def test_in_progress_shows_parts_done() -> None:
+    report = StatusReport("in_progress", Level.P2, finish_at=NOW + timedelta(minutes=3),
+                          parts_done=2, parts_total=5)  # fmt: skip
+    text = render_status(report, StatusFacts(), now=NOW)
+    assert text.title == "P2 · 2 of 5 parts done · review in about 3 min"
+
+
+def test_completed_names_findings_and_links_the_review() -> None:
+    report = StatusReport("completed", Level.P1, conclusion="neutral")
+    facts = StatusFacts(counts={"major": 1, "minor": 2}, review_url="https://example.test/r/1",
+                        review_summary="Reviewed 3 files.")  # fmt: skip
+    text = render_status(report, facts, now=NOW)
+    assert text.title == "Reviewed: 3 findings (1 major, 2 minor)"
+    assert "1 at major or above" in text.summary
+    assert "[The review](https://example.test/r/1)" in text.summary
+    clean = render_status(StatusReport("completed", Level.P1, conclusion="success"),
+                          StatusFacts(counts={}), now=NOW)  # fmt: skip
+    assert clean.title == "Reviewed: no findings"
+
+
+def test_skipped_cancelled_and_failed_say_so() -> None:
+    skipped = StatusReport("completed", Level.P1, conclusion="skipped")
+    assert render_status(skipped, StatusFacts(), now=NOW).title.startswith("Not reviewed")
+    cancelled = StatusReport("completed", Level.P1, conclusion="cancelled")
+    assert render_status(cancelled, StatusFacts(), now=NOW).title == "Review cancelled"
+    failed = StatusReport("completed", Level.P1, conclusion="neutral")
+    text = render_status(failed, StatusFacts(error="planning failed: 502"), now=NOW)
+    assert text.title == "Review failed: planning failed: 502"
