@@ -32,6 +32,8 @@ import aiohttp
 from aiohttp import web
 from sqlalchemy import text
 
+from bot.stats import percentile
+
 SECRET = "bench-secret"
 P99_FLOOR_MS = 500.0
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "github"
@@ -52,8 +54,7 @@ class Result:
         return len(self.latencies_ms) / self.seconds
 
     def percentile(self, fraction: float) -> float:
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+        return percentile(self.latencies_ms, fraction)
 
     @property
     def all_2xx(self) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ from bot.forges.base import (
     append_marker,
     find_marker,
     parse_diff_lines,
-    parse_retry_after,
     render_marker,
 )
 from bot.forges.emulator import (
@@ -393,19 +391,6 @@ def test_marker_round_trip() -> None:
     assert append_marker(body, 123) == body
     assert find_marker("no marker <!-- review-bot:job=x -->") is None
     assert find_marker(None) is None
-
-
-def test_retry_after_parsing() -> None:
-    now = datetime(2025, 3, 3, 10, 0, tzinfo=UTC)
-    assert parse_retry_after({"Retry-After": "30"}, now=now) == 30.0
-    assert parse_retry_after({"retry-after": "Mon, 03 Mar 2025 10:01:00 GMT"}, now=now) == 60.0
-    reset = str(int(now.timestamp()) + 90)
-    headers = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": reset}
-    assert parse_retry_after(headers, now=now) == 90.0
-    assert (
-        parse_retry_after({"x-ratelimit-remaining": "10", "x-ratelimit-reset": reset}, now=now)
-        is None
-    )
 
 
 # -- webhooks built from the real payloads -------------------------------------------------------

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from bot.sched.mlfq import MlfqSettings
-from bot.sim.metrics import service_profile
 from bot.sim.replay import render_text, simulate
 from bot.sim.trace import Trace, TraceHeader, TraceRequest, TraceShape, generate_trace
+from bot.stats import service_profile
 
 pytestmark = pytest.mark.slow
 

@@ -8,11 +8,11 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Literal, Protocol, TypeVar
 
 from bot.errors import ForgeError
 from bot.model import FileChange
+from bot.retry import call_with_retries, exponential_delay
 
 logger = logging.getLogger(__name__)
 
@@ -168,26 +168,6 @@ def render_summary_only(review: ReviewToPost, reason: str) -> str:
     return append_marker("\n".join(lines), review.job_id)
 
 
-def parse_retry_after(headers: Mapping[str, str], *, now: datetime) -> float | None:
-    """Seconds to wait from `Retry-After` (seconds or HTTP date) or `x-ratelimit-reset`."""
-    lowered = {key.lower(): value for key, value in headers.items()}
-    value = lowered.get("retry-after")
-    if value:
-        value = value.strip()
-        if value.isdigit():
-            return float(value)
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            when = None
-        if when is not None:
-            return max(0.0, (when - now).total_seconds())
-    reset = lowered.get("x-ratelimit-reset")
-    if reset and reset.strip().isdigit() and lowered.get("x-ratelimit-remaining") == "0":
-        return max(0.0, float(reset) - now.timestamp())
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class DiffLines:
     """Which lines of a unified diff can carry a comment."""
@@ -291,26 +271,30 @@ async def retry_forge_call(
     on_retry: Callable[[ForgeError], Awaitable[None]] | None = None,
 ) -> T:
     """Run `call`, retrying retryable ForgeErrors with backoff or their Retry-After; re-raises."""
-    attempt = 0
-    while True:
-        try:
-            return await call()
-        except ForgeError as exc:
-            attempt += 1
-            if not exc.retryable or attempt >= policy.attempts:
-                raise
-            if exc.retry_after is not None:
-                delay = max(0.0, exc.retry_after)
-            else:
-                delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))
-            logger.warning(
-                "forge call %s failed (%s), retry %d in %.1fs",
-                action,
-                exc,
-                attempt,
-                delay,
-                extra={"action": "forge_retry", "forge_action": action, "status": exc.status},
-            )
-            if on_retry is not None:
-                await on_retry(exc)
-            await sleep(delay)
+
+    def delay(error: BaseException, attempt: int) -> float:
+        if isinstance(error, ForgeError) and error.retry_after is not None:
+            return max(0.0, error.retry_after)
+        return exponential_delay(attempt, base_s=policy.base_delay_s, max_s=policy.max_delay_s)
+
+    async def before_retry(error: BaseException, attempt: int, seconds: float) -> None:
+        assert isinstance(error, ForgeError)
+        logger.warning(
+            "forge call %s failed (%s), retry %d in %.1fs",
+            action,
+            error,
+            attempt,
+            seconds,
+            extra={"action": "forge_retry", "forge_action": action, "status": error.status},
+        )
+        if on_retry is not None:
+            await on_retry(error)
+
+    return await call_with_retries(
+        call,
+        attempts=policy.attempts,
+        retryable=lambda error: isinstance(error, ForgeError) and error.retryable,
+        delay=delay,
+        sleep=sleep,
+        before_retry=before_retry,
+    )

@@ -31,13 +31,13 @@ from bot.forges.base import (
     Sleep,
     append_marker,
     find_marker,
-    parse_retry_after,
     render_marker,
     render_summary_only,
     retry_forge_call,
     utc_now,
 )
 from bot.model import FileChange
+from bot.retry import parse_retry_after
 
 logger = logging.getLogger(__name__)
 

@@ -32,13 +32,13 @@ from bot.forges.base import (
     count_patch_lines,
     find_marker,
     parse_diff_lines,
-    parse_retry_after,
     render_marker,
     render_summary_only,
     retry_forge_call,
     utc_now,
 )
 from bot.model import FileChange
+from bot.retry import parse_retry_after
 
 logger = logging.getLogger(__name__)
 

@@ -9,12 +9,14 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import aiohttp
 
 from bot.errors import ConfigError, LLMError, LLMRequestRejected
 from bot.llm.base import LLMRequest, LLMResponse
+from bot.retry import call_with_retries, parse_retry_after
 from bot.review.prompts import REVIEW_SCHEMA
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,13 @@ class AttemptFailed(Exception):
         self.retryable = retryable
         self.eject = eject
         self.retry_after = retry_after
+
+
+class NoWorkerInRotation(AttemptFailed):
+    """Every worker is out of rotation; the next try waits for the first probe that is due."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True, eject=False)
 
 
 class OpenAICompatBackend:
@@ -235,16 +244,18 @@ class OpenAICompatBackend:
         """One chat completion with retries across workers; raises LLMError when all fail."""
         body = self.build_body(request)
         tried: set[int] = set()
+        attempts = self.max_retries + 1
         last_error = "no attempt made"
-        retryable = True
-        for attempt in range(self.max_retries + 1):
+        made = 0
+
+        async def attempt_once() -> LLMResponse:
+            nonlocal last_error, made
+            made += 1
             await self.probe_due_workers()
             worker = self.choose_worker(tried) or self.choose_worker(set())
             if worker is None:
                 last_error = "no LLM worker is in rotation (all are down)"
-                if attempt < self.max_retries:
-                    await self.sleep(self.wait_for_probe_s(attempt))
-                continue
+                raise NoWorkerInRotation(last_error)
             tried.add(self.workers.index(worker))
             try:
                 return await self.attempt(worker, body, request)
@@ -253,27 +264,40 @@ class OpenAICompatBackend:
                 worker.failures += 1
                 worker.last_error = str(failure)
                 if not failure.retryable:
-                    # The request itself is wrong (e.g. 400): no other worker will take it.
-                    retryable = False
-                    break
+                    raise
                 worker.consecutive_failures += 1
                 if failure.eject or worker.consecutive_failures >= self.failures_to_eject:
                     self.eject(worker, str(failure))
                 logger.info(
                     "LLM call failed (attempt %s of %s): %s",
-                    attempt + 1,
-                    self.max_retries + 1,
+                    made,
+                    attempts,
                     last_error,
                     extra={"action": "llm_retry", "job_id": request.metadata.get("job_id")},
                 )
-                if attempt < self.max_retries:
-                    delay = self.backoff_s(attempt)
-                    if failure.retry_after is not None:
-                        delay = max(delay, min(failure.retry_after, self.backoff_max_s))
-                    await self.sleep(delay)
-        if not retryable:
-            raise LLMRequestRejected(f"LLM call failed: {last_error}")
-        raise LLMError(f"LLM call failed: {last_error}", retryable=True)
+                raise
+
+        def delay(error: BaseException, attempt: int) -> float:
+            if isinstance(error, NoWorkerInRotation):
+                return self.wait_for_probe_s(attempt - 1)
+            wait = self.backoff_s(attempt - 1)
+            if isinstance(error, AttemptFailed) and error.retry_after is not None:
+                wait = max(wait, min(error.retry_after, self.backoff_max_s))
+            return wait
+
+        try:
+            return await call_with_retries(
+                attempt_once,
+                attempts=attempts,
+                retryable=lambda error: isinstance(error, AttemptFailed) and error.retryable,
+                delay=delay,
+                sleep=self.sleep,
+            )
+        except AttemptFailed as failure:
+            if not failure.retryable:
+                # The request itself is wrong (e.g. 400): no other worker will take it.
+                raise LLMRequestRejected(f"LLM call failed: {last_error}") from failure
+            raise LLMError(f"LLM call failed: {last_error}", retryable=True) from failure
 
     def wait_for_probe_s(self, attempt: int) -> float:
         """How long to wait when every worker is out: until the first probe is due, bounded."""
@@ -296,7 +320,7 @@ class OpenAICompatBackend:
             ) as response:
                 raw = await response.read()
                 status = response.status
-                retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                retry_after = parse_retry_after(response.headers, now=datetime.now(UTC))
         except TimeoutError as exc:
             raise AttemptFailed("timed out", retryable=True, eject=False) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
@@ -348,16 +372,6 @@ class OpenAICompatBackend:
     async def close(self) -> None:
         if self.session is not None and self.owns_session and not self.session.closed:
             await self.session.close()
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header given in seconds; dates are ignored."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
 
 
 def error_message(text: str) -> str:

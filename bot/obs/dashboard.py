@@ -26,7 +26,7 @@ from bot.clock import Clock, SystemClock
 from bot.model import LEVELS, Level
 from bot.obs import statements as sql
 from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
-from bot.sim.metrics import percentile
+from bot.stats import percentile
 
 COOKIE_NAME = "review_bot_admin"
 COOKIE_MAX_AGE_S = 12 * 3600

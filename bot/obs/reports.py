@@ -42,7 +42,7 @@ from bot.config import Settings
 from bot.db import create_engine
 from bot.errors import ConfigError, ReviewBotError, StoreError, StoreUnavailable
 from bot.model import LEVELS, Level
-from bot.sim.metrics import profile_verdict
+from bot.stats import profile_verdict
 
 SUCCESS_REDUCTION = 0.5  # the seed's success criterion: mean wait down at least 50%
 

@@ -29,8 +29,9 @@ from bot.queue.store import Leased, QueueSettings, QueueStore
 from bot.review.chunking import DEFAULT_LINE_BUDGET, plan_chunks_from_lines, plan_single_chunk
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings, JobPlan, SchedulingPolicy
 from bot.sched.mlfq import MlfqSettings
-from bot.sim.metrics import RequestOutcome, profile_verdict, service_profile, summarize
+from bot.sim.metrics import RequestOutcome, summarize
 from bot.sim.trace import Trace, TraceRequest, load_trace, to_review_request
+from bot.stats import profile_verdict, service_profile
 
 log = logging.getLogger(__name__)
 
