@@ -50,43 +50,32 @@ def _command_db(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _job_row(job: Any) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "forge": job.forge,
-        "repo": job.repo,
-        "number": job.number,
-        "level": str(job.level),
-        "base_level": str(job.base_level),
-        "state": job.state.value,
-        "reasons": list(job.reasons),
-        "enqueued_at": job.enqueued_at.isoformat(),
-    }
-
-
 def _command_queue(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.queue import inspect
     from bot.queue.store import QueueStore
 
-    async def run() -> list[dict[str, Any]]:
+    async def run() -> Any:
         store = QueueStore.from_url(_require_database(settings), pool_size=1)
         try:
+            if args.queue_command == "show":
+                view = await inspect.load_job_view(store, args.job_id)
+                return None if view is None else inspect.job_document(view)
             state = JobState(args.state) if args.state else None
-            return [_job_row(job) for job in await store.list_jobs(state=state, limit=args.limit)]
+            jobs = await store.list_jobs(state=state, limit=args.limit)
+            return [inspect.listing_row(job) for job in jobs]
         finally:
             await store.close()
 
-    rows = asyncio.run(run())
+    result = asyncio.run(run())
+    if result is None:
+        print(f"bot: no job {args.job_id}", file=sys.stderr)
+        return 1
     if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    header = f"{'id':>6} {'forge':<7} {'repo':<28} {'#':>6} {'lvl':<3} {'base':<4} {'state':<10}"
-    print(header + " enqueued                   reasons")
-    for row in rows:
-        print(
-            f"{row['id']:>6} {row['forge']:<7} {row['repo'][:28]:<28} {row['number']:>6} "
-            f"{row['level']:<3} {row['base_level']:<4} {row['state']:<10} "
-            f"{row['enqueued_at'][:25]:<26} {'; '.join(row['reasons'])}"
-        )
+        print(json.dumps(result, indent=2))
+    elif args.queue_command == "show":
+        print(inspect.render_job(result))
+    else:
+        print(inspect.render_listing(result))
     return 0
 
 
@@ -174,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true")
     listing.add_argument("--state", choices=[state.value for state in JobState])
     listing.add_argument("--limit", type=int, default=100)
+    show = queue_commands.add_parser("show", help="one job: history, reasons, errors, chunks")
+    show.add_argument("job_id", type=int)
+    show.add_argument("--json", action="store_true")
     queue.set_defaults(handler=_command_queue)
 
     simulate = commands.add_parser("simulate", help="replay a trace under a virtual clock")

@@ -206,3 +206,4 @@ class Chunk:
     finished_at: datetime | None = None
     gpu_seconds: float | None = None
     result: Mapping[str, Any] | None = None
+    last_error: str | None = None

@@ -198,6 +198,7 @@ def _chunk_from_row(row: Row[Any]) -> Chunk:
         finished_at=data["finished_at"],
         gpu_seconds=data["gpu_seconds"],
         result=data["result"],
+        last_error=data["last_error"],
     )
 
 
