@@ -57,7 +57,9 @@ class Settings:
     gitlab_url: str = "https://gitlab.com"
     gitlab_token: str | None = None
     policy_dir: Path = DEFAULT_POLICY_DIR
-    llm_backend: str = "simulated"
+    # None: REVIEW_BOT_LLM was not set. The simulated backend then stands in only where no
+    # real forge could receive its canned reviews (see bot.llm.factory.check_backend_choice).
+    llm_backend: str | None = None
     llm_base_urls: tuple[str, ...] = ()
     llm_model: str = "review-model"
     llm_api_key: str | None = None
@@ -187,7 +189,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         gitlab_url=env.get("GITLAB_URL", "https://gitlab.com"),
         gitlab_token=_secret(env, "GITLAB_TOKEN"),
         policy_dir=Path(env.get("REVIEW_BOT_POLICY_DIR") or DEFAULT_POLICY_DIR),
-        llm_backend=env.get("REVIEW_BOT_LLM", "simulated"),
+        llm_backend=env.get("REVIEW_BOT_LLM", "").strip().lower() or None,
         llm_base_urls=urls,
         llm_model=env.get("REVIEW_BOT_LLM_MODEL", "review-model"),
         llm_api_key=_secret(env, "REVIEW_BOT_LLM_API_KEY"),

@@ -16,9 +16,9 @@ from bot.clock import SystemClock
 from bot.config import Settings
 from bot.db import upgrade_database
 from bot.errors import ConfigError
-from bot.forges.registry import build_forges
+from bot.forges.registry import build_forges, configured_forges
 from bot.llm.base import LLMBackend
-from bot.llm.factory import create_backend
+from bot.llm.factory import check_backend_choice, create_backend
 from bot.obs.metrics import Metrics
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
@@ -35,6 +35,21 @@ def worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _chosen_backend(settings: Settings) -> str:
+    """The LLM backend a dispatcher reviews with; raises ConfigError when real forges are
+    configured and REVIEW_BOT_LLM is not."""
+    forges = configured_forges(settings)
+    chosen = check_backend_choice(settings.llm_backend, forges=forges)
+    if chosen == "simulated" and forges:
+        log.warning(
+            "REVIEW_BOT_LLM=simulated: reviews posted on %s are the simulated backend's "
+            "pattern matches, not a model's",
+            " and ".join(forges),
+            extra={"action": "serve_simulated_llm"},
+        )
+    return chosen
+
+
 async def serve(
     settings: Settings, *, role: Role, host: str, port: int, migrate: bool = True
 ) -> None:
@@ -44,6 +59,8 @@ async def serve(
     url = settings.database_url
     # Fail fast, before anything is started: broken policies and half-configured forges.
     policies = load_policy_book(settings.policy_dir)
+    if role in ("dispatcher", "all"):
+        settings = settings.with_changes(llm_backend=_chosen_backend(settings))
     if migrate:
         await upgrade_database(url)
     store = QueueStore.from_url(url, pool_size=max(10, settings.scheduler.workers + 4))

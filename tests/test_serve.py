@@ -177,3 +177,40 @@ async def test_serve_refuses_to_start_without_webhook_secrets(db_url: str) -> No
     _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode == 2
     assert "GITHUB_WEBHOOK_SECRET" in stderr.decode()
+
+
+async def test_serve_with_a_forge_refuses_to_start_without_an_llm_choice(db_url: str) -> None:
+    """GitHub credentials, no REVIEW_BOT_LLM: nothing starts, and the message says what to set."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("REVIEW_BOT_")}
+    env.update(
+        DATABASE_URL=db_url,
+        PYTHONPATH=str(REPO_ROOT),
+        GITHUB_WEBHOOK_SECRET=SECRET,
+        GITLAB_WEBHOOK_TOKEN=SECRET,
+        GITHUB_TOKEN="ghp-serve-test",
+        GITHUB_API_URL="http://127.0.0.1:9",
+    )
+    port = _free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        env=env,
+        cwd=REPO_ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 2
+    message = stderr.decode()
+    assert "REVIEW_BOT_LLM is not set while github credentials are" in message
+    assert "REVIEW_BOT_LLM=openai" in message and "REVIEW_BOT_LLM=simulated" in message

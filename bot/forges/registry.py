@@ -66,6 +66,18 @@ def github_configured(settings: Settings) -> bool:
     return bool(settings.github_token or (settings.github_app_id and settings.github_private_key))
 
 
+def configured_forges(settings: Settings) -> tuple[str, ...]:
+    """The forges the settings hold credentials for."""
+    return tuple(
+        name
+        for name, configured in (
+            ("github", github_configured(settings)),
+            ("gitlab", bool(settings.gitlab_token)),
+        )
+        if configured
+    )
+
+
 def build_forges(
     settings: Settings,
     *,
@@ -123,4 +135,10 @@ def build_forges(
     return ForgeRegistry(clients, session=own_session)
 
 
-__all__ = ["ForgeOptions", "ForgeRegistry", "build_forges", "github_configured"]
+__all__ = [
+    "ForgeOptions",
+    "ForgeRegistry",
+    "build_forges",
+    "configured_forges",
+    "github_configured",
+]

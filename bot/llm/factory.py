@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from bot.config import Settings
 from bot.errors import ConfigError
 from bot.llm.base import LLMBackend
 
 BACKENDS = ("simulated", "openai", "vllm")
+DEFAULT_BACKEND = "simulated"
+
+
+def check_backend_choice(llm_backend: str | None, *, forges: Collection[str]) -> str:
+    """The backend to review with; raises ConfigError when real forges are configured and no
+    backend was chosen, so the simulated backend's canned reviews never reach a real PR unasked.
+    """
+    if llm_backend:
+        return llm_backend
+    if forges:
+        raise ConfigError(
+            f"REVIEW_BOT_LLM is not set while {' and '.join(sorted(forges))} credentials are: "
+            "reviews would be the simulated backend's pattern matches. Set REVIEW_BOT_LLM=openai "
+            "with REVIEW_BOT_LLM_URLS (your vLLM servers), or REVIEW_BOT_LLM=vllm on a GPU "
+            "host, or REVIEW_BOT_LLM=simulated to post simulated reviews on purpose"
+        )
+    return DEFAULT_BACKEND
 
 
 def create_backend(settings: Settings) -> LLMBackend:
-    """The backend named by settings.llm_backend; raises ConfigError or BackendUnavailable."""
-    name = settings.llm_backend.strip().lower()
+    """The backend named by settings.llm_backend (simulated when unset); raises ConfigError or
+    BackendUnavailable."""
+    name = (settings.llm_backend or DEFAULT_BACKEND).strip().lower()
     if name == "simulated":
         from bot.llm.simulated import SimulatedBackend
 
