@@ -10,6 +10,13 @@ from pathlib import Path
 from bot.database_url import normalize_database_url
 from bot.errors import ConfigError
 from bot.model import Level
+from bot.sched.window import (
+    DEFAULT_WINDOW_CEILING,
+    DEFAULT_WINDOW_FLOOR,
+    DEFAULT_WINDOW_INITIAL,
+    WindowSettings,
+    check_ceiling,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_POLICY_DIR = REPO_ROOT / "policies"
@@ -70,6 +77,10 @@ class Settings:
     max_body_bytes: int = 25 * 1024 * 1024
     admin_token: str | None = None
     bot_login: str = "review-bot"
+    # Chunks in flight per engine (LLM server): bounds of the adaptive window.
+    window: WindowSettings = field(default_factory=WindowSettings)
+    # The servers' --max-num-seqs, when known: the window ceiling must stay under it.
+    llm_max_num_seqs: int | None = None
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)
 
@@ -175,6 +186,13 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         webhook_url=env.get("REVIEW_BOT_ALERT_WEBHOOK_URL") or None,
     )
+    window = load_window_settings(env)
+    max_num_seqs = _int(env, "REVIEW_BOT_LLM_MAX_NUM_SEQS", 0) or None
+    if max_num_seqs is not None:
+        try:
+            check_ceiling(window, max_num_seqs=max_num_seqs)
+        except ValueError as exc:
+            raise ConfigError(f"REVIEW_BOT_WINDOW_CEILING: {exc}") from exc
     urls = tuple(u.strip() for u in env.get("REVIEW_BOT_LLM_URLS", "").split(",") if u.strip())
     raw_url = env.get("DATABASE_URL")
     return Settings(
@@ -199,6 +217,22 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         max_body_bytes=_int(env, "REVIEW_BOT_MAX_BODY_BYTES", 25 * 1024 * 1024),
         admin_token=_secret(env, "REVIEW_BOT_ADMIN_TOKEN"),
         bot_login=env.get("REVIEW_BOT_LOGIN", "review-bot"),
+        window=window,
+        llm_max_num_seqs=max_num_seqs,
         scheduler=scheduler,
         alerts=alerts,
     )
+
+
+def load_window_settings(env: Mapping[str, str]) -> WindowSettings:
+    """Window bounds from REVIEW_BOT_WINDOW_FLOOR/_INITIAL/_CEILING; raises ConfigError."""
+    floor = _int(env, "REVIEW_BOT_WINDOW_FLOOR", DEFAULT_WINDOW_FLOOR)
+    ceiling = _int(env, "REVIEW_BOT_WINDOW_CEILING", DEFAULT_WINDOW_CEILING)
+    # An initial window outside the bounds given is brought inside them.
+    initial = _int(
+        env, "REVIEW_BOT_WINDOW_INITIAL", max(floor, min(ceiling, DEFAULT_WINDOW_INITIAL))
+    )
+    try:
+        return WindowSettings(floor=floor, ceiling=ceiling, initial=initial)
+    except ValueError as exc:
+        raise ConfigError(f"REVIEW_BOT_WINDOW_FLOOR/_INITIAL/_CEILING: {exc}") from exc

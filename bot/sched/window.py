@@ -1,0 +1,297 @@
+"""How many chunks an engine runs at once: a window adapted from what the engine shows.
+
+vLLM earns its throughput by batching many sequences, so an engine is fed a window of chunks,
+not one. The window climbs while completed tokens/s climbs and backs off when the engine shows
+it is past its knee: latency per token rising with no throughput to show for it, refusals
+(429/503) or timeouts, and, where vLLM's `/metrics` is read, requests queued inside the engine,
+a full KV cache or preemptions. Pure: observations in, the next window out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+DEFAULT_WINDOW_FLOOR = 1
+DEFAULT_WINDOW_INITIAL = 4
+# A 7B model on one data-centre GPU gains throughput up to 32-64 sequences; vLLM's own
+# --max-num-seqs default (256) leaves the engine room for a P0 above this.
+DEFAULT_WINDOW_CEILING = 48
+
+WindowReason = Literal[
+    "overload",
+    "preemptions",
+    "server_queue",
+    "kv_cache_full",
+    "no_data",
+    "not_full",
+    "baseline",
+    "throughput_up",
+    "latency_up",
+    "probe",
+    "hold",
+    "no_gain",
+    "throughput_down",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSettings:
+    """Bounds of an engine's window and how eagerly it moves."""
+
+    floor: int = DEFAULT_WINDOW_FLOOR
+    ceiling: int = DEFAULT_WINDOW_CEILING
+    initial: int = DEFAULT_WINDOW_INITIAL
+    # Relative change of tokens/s or latency per token below which an interval shows nothing:
+    # chunk sizes vary, and one noisy interval must not move the window.
+    tolerance: float = 0.10
+    # Refusals or timeouts cut the window by this factor (multiplicative decrease).
+    overload_factor: float = 0.5
+    # KV-cache usage (0..1) at which more sequences would only make vLLM preempt.
+    kv_cache_high: float = 0.95
+    # An interval is judged once it holds this many completions (or one window's worth, if
+    # smaller) and lasted at least `min_interval_s`.
+    min_completions: int = 4
+    min_interval_s: float = 2.0
+    # A grow is kept when tokens/s rose by at least (new/old window) ** min_elasticity: 1 is
+    # perfect scaling, 0 none; below it the engine is past its knee.
+    min_elasticity: float = 0.2
+    # Outside slow start a move is this share of the window (at least one place).
+    growth: float = 0.25
+    # Quiet intervals in a row after which the window probes a step, up and down in turn, in
+    # case the engine or the work changed.
+    probe_after: int = 5
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.floor <= self.initial <= self.ceiling:
+            raise ValueError(
+                "window bounds need 1 <= floor <= initial <= ceiling, got "
+                f"floor={self.floor} initial={self.initial} ceiling={self.ceiling}"
+            )
+        if not 0 < self.tolerance < 1:
+            raise ValueError("tolerance must be within (0, 1)")
+        if not 0 < self.overload_factor < 1:
+            raise ValueError("overload_factor must be within (0, 1)")
+        if not 0 < self.kv_cache_high <= 1:
+            raise ValueError("kv_cache_high must be within (0, 1]")
+        if self.min_completions < 1 or self.min_interval_s < 0:
+            raise ValueError("min_completions must be >= 1 and min_interval_s >= 0")
+        if not 0 < self.min_elasticity < 1:
+            raise ValueError("min_elasticity must be within (0, 1)")
+        if not 0 < self.growth <= 1 or self.probe_after < 1:
+            raise ValueError("growth must be within (0, 1] and probe_after >= 1")
+
+    @property
+    def fixed(self) -> bool:
+        """The window cannot move (floor = ceiling): an exclusive or fixed-size engine."""
+        return self.floor == self.ceiling
+
+
+def check_ceiling(settings: WindowSettings, *, max_num_seqs: int, p0_places: int = 1) -> None:
+    """Raise ValueError unless the ceiling leaves `p0_places` of the server's sequences free.
+
+    vLLM's priority scheduling preempts a running sequence only under KV-cache pressure, so a
+    P0 chunk starts at once only if the engine has a sequence place the window never fills.
+    """
+    if settings.ceiling + p0_places > max_num_seqs:
+        raise ValueError(
+            f"window ceiling {settings.ceiling} leaves no room for a P0 chunk under the "
+            f"server's --max-num-seqs {max_num_seqs}: lower the ceiling to at most "
+            f"{max_num_seqs - p0_places} or raise --max-num-seqs"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What vLLM's /metrics said at the end of an interval; None where it says nothing."""
+
+    requests_waiting: float | None = None
+    kv_cache_usage: float | None = None  # 0..1
+    new_preemptions: float | None = None  # preemptions since the previous interval
+
+
+@dataclass(frozen=True, slots=True)
+class WindowObservation:
+    """One engine over one interval: what completed, how long it took, what went wrong."""
+
+    elapsed_s: float
+    completed: int  # chunks that finished
+    tokens: int  # completion tokens of those chunks
+    latency_s: float  # summed latency of those chunks
+    overloads: int = 0  # answers 429/503 and timeouts
+    # Every place of the window was taken for most of the interval: throughput then says
+    # something about the window, not about how much work there was.
+    full: bool = True
+    engine: EngineLoad | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def latency_per_token_s(self) -> float:
+        return self.latency_s / self.tokens if self.tokens > 0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class WindowState:
+    """An engine's window and the interval the next one is compared against."""
+
+    window: int
+    # The last judged interval: its tokens/s, latency per token and the window it ran with.
+    tokens_per_s: float | None = None
+    latency_per_token_s: float | None = None
+    measured_window: int | None = None
+    # Slow start: the window doubles until the first sign of the knee, then moves by steps of
+    # `growth` of itself.
+    slow_start: bool = True
+    holds: int = 0  # judged intervals in a row that moved nothing (a probe follows)
+    probe_up: bool = False  # the last probe went up (the next one goes down)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowDecision:
+    """The next state and why it was chosen (for logs and /metrics)."""
+
+    state: WindowState
+    reason: WindowReason
+
+    @property
+    def window(self) -> int:
+        return self.state.window
+
+
+def initial_window(settings: WindowSettings) -> WindowState:
+    """Where an engine starts (a fixed window has nothing to learn)."""
+    return WindowState(window=settings.initial, slow_start=not settings.fixed)
+
+
+def ready_to_judge(
+    *, completed: int, elapsed_s: float, window: int, settings: WindowSettings
+) -> bool:
+    """Whether an interval holds enough to be judged (see WindowSettings.min_completions)."""
+    needed = min(settings.min_completions, max(1, window))
+    return completed >= needed and elapsed_s >= settings.min_interval_s
+
+
+def _clamp(window: int, settings: WindowSettings) -> int:
+    return max(settings.floor, min(settings.ceiling, window))
+
+
+def growth_step(state: WindowState, settings: WindowSettings) -> int:
+    """How far one move goes: the whole window in slow start, else a share of it (>= 1).
+
+    Steps proportional to the window keep each probe's expected gain above the noise
+    tolerance; steps of one at a large window would each gain too little to see and creep
+    past the knee.
+    """
+    if state.slow_start:
+        return max(1, state.window)
+    return max(1, math.ceil(state.window * settings.growth))
+
+
+def _decide(
+    state: WindowState, window: int, reason: WindowReason, settings: WindowSettings
+) -> WindowDecision:
+    clamped = _clamp(window, settings)
+    holds = state.holds + 1 if clamped == state.window else 0
+    return WindowDecision(replace(state, window=clamped, holds=holds), reason)
+
+
+def _back_off(
+    state: WindowState, window: int, reason: WindowReason, settings: WindowSettings
+) -> WindowDecision:
+    # The last interval was measured at another operating point: compare afresh from here.
+    return WindowDecision(
+        WindowState(window=_clamp(window, settings), slow_start=False), reason=reason
+    )
+
+
+def adapt_window(
+    state: WindowState, observation: WindowObservation, settings: WindowSettings
+) -> WindowDecision:
+    """The next window after one judged interval; never outside [floor, ceiling].
+
+    In order: refusals or timeouts cut it by `overload_factor`; vLLM preemptions or requests
+    queued inside the engine take one off; an interval with nothing completed, or with places
+    left empty for want of work, teaches nothing. Otherwise the interval is compared with the
+    last one: after a grow, enough more tokens/s (see `min_elasticity`) grows again and less
+    goes back (halfway after a slow-start doubling); after a shrink, too much tokens/s lost by
+    the same measure goes back up; at the same window, tokens/s up by the tolerance grows it
+    and latency per token up without it shrinks it. A KV cache at its high mark never lets the
+    window grow; after `probe_after` quiet intervals in a row it probes a step up or down.
+    """
+    # A state from before a settings change may lie outside the bounds: start from inside.
+    window = _clamp(state.window, settings)
+    state = replace(state, window=window)
+    engine = observation.engine or EngineLoad()
+    if observation.overloads > 0:
+        return _back_off(state, math.floor(window * settings.overload_factor), "overload", settings)
+    if engine.new_preemptions is not None and engine.new_preemptions > 0:
+        return _back_off(state, window - 1, "preemptions", settings)
+    if engine.requests_waiting is not None and engine.requests_waiting >= 1:
+        return _back_off(state, window - 1, "server_queue", settings)
+    if observation.completed <= 0 or observation.tokens <= 0 or observation.elapsed_s <= 0:
+        return WindowDecision(replace(state, window=_clamp(window, settings)), "no_data")
+    if not observation.full:
+        return WindowDecision(replace(state, window=_clamp(window, settings)), "not_full")
+    kv_full = engine.kv_cache_usage is not None and engine.kv_cache_usage >= settings.kv_cache_high
+    throughput = observation.tokens_per_s
+    latency = observation.latency_per_token_s
+    measured = replace(
+        state, tokens_per_s=throughput, latency_per_token_s=latency, measured_window=window
+    )
+    step = growth_step(state, settings)
+    grow_to = window if kv_full else window + step
+    grow_reason: WindowReason = "kv_cache_full" if kv_full else "throughput_up"
+    previous = state.measured_window
+    if state.tokens_per_s is None or state.latency_per_token_s is None or previous is None:
+        return _decide(measured, grow_to, "kv_cache_full" if kv_full else "baseline", settings)
+    ratio = throughput / state.tokens_per_s if state.tokens_per_s > 0 else math.inf
+    slower = latency > state.latency_per_token_s * (1 + settings.tolerance)
+    if window > previous:
+        # Elasticity: the share of the window's growth that came back as tokens/s.
+        if ratio >= (window / previous) ** settings.min_elasticity:
+            return _decide(measured, grow_to, grow_reason, settings)
+        # Too little throughput for the extra places: they add latency and take the room a
+        # P0 chunk would need. After a doubling the best window lies between the two: go
+        # halfway back; after a probe go all the way, or probes would creep up by halves.
+        back_to = (window + previous) // 2 if state.slow_start else previous
+        reason: WindowReason = "latency_up" if slower else "no_gain"
+        return _decide(replace(measured, slow_start=False), back_to, reason, settings)
+    if window < previous:
+        # A smaller window that keeps the tokens/s (by the same elasticity) is the better one.
+        if ratio >= (window / previous) ** settings.min_elasticity or kv_full:
+            return _decide(measured, window, "hold", settings)
+        return _decide(measured, previous, "throughput_down", settings)
+    if ratio >= 1 + settings.tolerance:
+        return _decide(measured, grow_to, grow_reason, settings)
+    if slower:
+        shrink_to = window - max(1, math.ceil(window * settings.growth))
+        return _decide(replace(measured, slow_start=False), shrink_to, "latency_up", settings)
+    if state.holds + 1 >= settings.probe_after:
+        # Probes alternate up and down, so noise that lets a useless grow pass now and then
+        # is met by shrinks that keep the tokens/s: the window does not drift either way.
+        down = state.probe_up or kv_full
+        probe_to = window - step if down else window + step
+        return _decide(replace(measured, probe_up=not down), probe_to, "probe", settings)
+    return _decide(measured, window, "hold", settings)
+
+
+__all__ = [
+    "DEFAULT_WINDOW_CEILING",
+    "DEFAULT_WINDOW_FLOOR",
+    "DEFAULT_WINDOW_INITIAL",
+    "EngineLoad",
+    "WindowDecision",
+    "WindowObservation",
+    "WindowReason",
+    "WindowSettings",
+    "WindowState",
+    "adapt_window",
+    "check_ceiling",
+    "growth_step",
+    "initial_window",
+    "ready_to_judge",
+]
