@@ -17,6 +17,7 @@ from bot.clock import Clock
 from bot.errors import ForgeError, StoreError
 from bot.forges.base import ForgeClient, Permission, Reaction
 from bot.model import TERMINAL_JOB_STATES, Command, Forge, Job, ReviewRequest
+from bot.outage import OutageWatch
 from bot.policy import PolicyBook, evaluate
 from bot.queue.commands_sql import (
     DONE_OUTCOME,
@@ -57,6 +58,7 @@ class CommandWorkerSettings:
     permission_ttl_s: float = 60.0
     workers: int = 8  # LLM worker slots, for the estimated start
     typical_job_s: float = 60.0
+    outage_backoff_s: float = 1.0  # first pause after the database is lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,24 +145,27 @@ class CommandWorker:
     async def run(self, *, database_url: str | None = None) -> None:
         """Serve until stop(): wake on NOTIFY (or the poll), execute what is pending."""
         listener = await self._listen(database_url)
+        outage = OutageWatch("command worker", base_s=self.settings.outage_backoff_s)
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
+                wait_s = self.settings.poll_s
                 try:
                     reports = await self.run_once()
                 except StoreError as exc:
-                    log.warning(
-                        "command worker cannot reach the store: %s",
-                        exc,
-                        extra={"action": "commands_store_error"},
-                    )
+                    # Claimed deliveries stay claimed; they are taken over after the lease.
                     reports = []
+                    wait_s = outage.lost(exc)
+                else:
+                    outage.recovered()
+                    if database_url is not None and (listener is None or listener.is_closed()):
+                        listener = await self._listen(database_url, quiet=listener is None)
                 if len(reports) >= self.settings.batch:
                     continue  # more may be waiting
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_s)
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
         finally:
-            if listener is not None:
+            if listener is not None and not listener.is_closed():
                 await listener.close()
 
     def stop(self) -> None:
@@ -170,7 +175,7 @@ class CommandWorker:
     def wake(self) -> None:
         self._wake.set()
 
-    async def _listen(self, database_url: str | None) -> Any:
+    async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Any:
         """LISTEN on the command channel through its own asyncpg connection, if possible."""
         if database_url is None:
             return None
@@ -179,9 +184,13 @@ class CommandWorker:
         from bot.db import plain_url
 
         try:
-            connection = await asyncpg.connect(plain_url(database_url))
+            connection = await asyncpg.connect(plain_url(database_url), timeout=10)
             await connection.add_listener(COMMAND_CHANNEL, lambda *_: self._wake.set())
-        except (OSError, asyncpg.PostgresError) as exc:
+            # A server restart closes this connection: wake the loop so it listens again.
+            connection.add_termination_listener(lambda *_: self._wake.set())
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            if quiet:
+                return None
             log.warning(
                 "LISTEN unavailable, polling every %ss: %s",
                 self.settings.poll_s,

@@ -81,11 +81,33 @@ class Settings:
     window: WindowSettings = field(default_factory=WindowSettings)
     # The servers' --max-num-seqs, when known: the window ceiling must stay under it.
     llm_max_num_seqs: int | None = None
+    # First pause after the database is lost; doubles (with jitter) up to 30 s while it is away.
+    outage_backoff_s: float = 1.0
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)
 
     def with_changes(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def check_scheduler_settings(settings: SchedulerSettings) -> None:
+    """Refuse lease and heartbeat settings that cannot work; raises ConfigError with the reason."""
+    if settings.lease_s <= 0:
+        raise ConfigError(f"REVIEW_BOT_LEASE_S must be positive, got {settings.lease_s:g}")
+    if settings.heartbeat_s <= 0:
+        raise ConfigError(f"REVIEW_BOT_HEARTBEAT_S must be positive, got {settings.heartbeat_s:g}")
+    # Three heartbeats per lease: one late or lost renewal must not cost a live worker its work.
+    if settings.heartbeat_s * 3 > settings.lease_s:
+        raise ConfigError(
+            f"REVIEW_BOT_HEARTBEAT_S={settings.heartbeat_s:g} is too long for "
+            f"REVIEW_BOT_LEASE_S={settings.lease_s:g}: the heartbeat must be at most a third of "
+            f"the lease (here {settings.lease_s / 3:g} s), or a live worker loses its leases"
+        )
+
+
+def default_heartbeat_s(lease_s: float) -> float:
+    """The heartbeat when none is set: every 30 s, or a third of a shorter lease's."""
+    return min(30.0, lease_s / 3)
 
 
 def _int(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -166,17 +188,22 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     weights = _numbers(env, "REVIEW_BOT_WEIGHTS", 4)
     quanta = _numbers(env, "REVIEW_BOT_QUANTUM_S", 3)
+    lease_s = _float(env, "REVIEW_BOT_LEASE_S", 300.0)
     scheduler = SchedulerSettings(
         workers=_int(env, "REVIEW_BOT_WORKERS", 8),
         weights=tuple(int(w) for w in weights) if weights else (8, 4, 2, 1),  # type: ignore[arg-type]
         quantum_s=quanta if quanta else SchedulerSettings().quantum_s,  # type: ignore[arg-type]
         aging_interval_s=_float(env, "REVIEW_BOT_AGING_S", 1800.0),
-        lease_s=_float(env, "REVIEW_BOT_LEASE_S", 300.0),
-        heartbeat_s=_float(env, "REVIEW_BOT_HEARTBEAT_S", 30.0),
+        lease_s=lease_s,
+        heartbeat_s=_float(env, "REVIEW_BOT_HEARTBEAT_S", default_heartbeat_s(lease_s)),
         max_attempts=_int(env, "REVIEW_BOT_MAX_ATTEMPTS", 3),
     )
     if scheduler.workers < 1:
         raise ConfigError("REVIEW_BOT_WORKERS must be at least 1")
+    check_scheduler_settings(scheduler)
+    outage_backoff_s = _float(env, "REVIEW_BOT_RETRY_BACKOFF_S", 1.0)
+    if outage_backoff_s <= 0:
+        raise ConfigError(f"REVIEW_BOT_RETRY_BACKOFF_S must be positive, got {outage_backoff_s:g}")
     thresholds = _numbers(env, "REVIEW_BOT_ALERT_THRESHOLDS_S", 3)
     alerts = AlertSettings(
         threshold_s=(
@@ -219,6 +246,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         bot_login=env.get("REVIEW_BOT_LOGIN", "review-bot"),
         window=window,
         llm_max_num_seqs=max_num_seqs,
+        outage_backoff_s=outage_backoff_s,
         scheduler=scheduler,
         alerts=alerts,
     )

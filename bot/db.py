@@ -8,10 +8,11 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from bot.database_url import async_url, plain_url
-from bot.errors import ConfigError
+from bot.errors import ConfigError, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +28,86 @@ def create_engine(
         connect_args={"server_settings": {"application_name": application_name}},
         pool_size=pool_size,
         max_overflow=pool_size,
-        # No pre-ping: it costs a round trip per checkout on the hot path; a dropped
-        # connection is invalidated on its first error and the store answers StoreUnavailable.
+        # After a server restart every pooled connection is dead; without a ping on checkout
+        # each one would fail one operation ("connection is closed") before being replaced.
+        pool_pre_ping=True,
         pool_recycle=1800,
         # Transactions always end in commit or rollback (engine.begin()), and single
         # statements run in autocommit, so the pool's rollback on check-in would only add
         # a round trip to every operation.
         pool_reset_on_return=None,
     )
+
+
+# SQLSTATEs that say the server is going away or not there yet, not that the query is wrong:
+# class 08 is "connection exception"; 57P01 admin_shutdown ("terminating connection due to
+# administrator command", a fast shutdown or restart), 57P02 crash_shutdown, 57P03
+# cannot_connect_now ("the database system is shutting down" / "is starting up"), 53300
+# too_many_connections.
+UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+# The same conditions as the drivers word them when no SQLSTATE travels with the error
+# (asyncpg's InterfaceError for a connection the server closed, errors raised on connect).
+UNAVAILABLE_MESSAGES = (
+    "connection is closed",
+    "connection was closed",
+    "the database system is shutting down",
+    "the database system is starting up",
+    "the database system is in recovery mode",
+    "terminating connection due to administrator command",
+    "connection refused",
+)
+
+
+def is_database_unavailable(error: BaseException) -> bool:
+    """True when `error` means the database cannot be reached now (an outage, a restart, a
+    network fault), as opposed to a statement that would fail again on a healthy server."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError | ConnectionError | sa_exc.TimeoutError):
+            return True  # refused, reset, unreachable; or the pool waited in vain
+        if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
+            return True
+        if isinstance(current, sa_exc.InterfaceError | sa_exc.OperationalError):
+            return True
+        sqlstate = getattr(current, "sqlstate", None)
+        if isinstance(sqlstate, str) and (
+            sqlstate.startswith("08") or sqlstate in UNAVAILABLE_SQLSTATES
+        ):
+            return True
+        if type(current).__module__.startswith("asyncpg") and (
+            type(current).__name__ == "ConnectionDoesNotExistError"
+        ):
+            return True
+        text = str(current).lower()
+        if any(message in text for message in UNAVAILABLE_MESSAGES):
+            return True
+        origin = getattr(current, "orig", None)
+        current = (
+            origin
+            if isinstance(origin, BaseException)
+            else (current.__cause__ or current.__context__)
+        )
+    return False
+
+
+UNDEFINED_TABLE = "42P01"
+
+
+def translate_database_error(error: BaseException, *, what: str = "database error") -> StoreError:
+    """Our error for a driver error: StoreUnavailable for outages, a clear StoreError for a
+    database without the schema, StoreError (prefixed with `what`) for anything else."""
+    if is_database_unavailable(error):
+        origin = getattr(error, "orig", None)
+        return StoreUnavailable(f"database unavailable: {origin or error}")
+    origin = getattr(error, "orig", None)
+    if getattr(origin, "sqlstate", None) == UNDEFINED_TABLE:
+        return StoreError(
+            "the database has no review-bot schema (or an old one): run `bot db upgrade`"
+            f" ({origin})"
+        )
+    return StoreError(f"{what}: {error}")
 
 
 def alembic_config(url: str) -> Config:

@@ -13,13 +13,14 @@ from aiohttp import web
 
 from bot.app import create_app, create_worker_app
 from bot.clock import SystemClock
-from bot.config import Settings
-from bot.db import upgrade_database
+from bot.config import Settings, check_scheduler_settings
+from bot.db import is_database_unavailable, upgrade_database
 from bot.errors import ConfigError
 from bot.forges.registry import build_forges, configured_forges
 from bot.llm.base import LLMBackend
 from bot.llm.factory import check_backend_choice, create_backend
 from bot.obs.metrics import Metrics
+from bot.outage import OutageWatch
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.poster import ReviewPipeline
@@ -50,6 +51,21 @@ def _chosen_backend(settings: Settings) -> str:
     return chosen
 
 
+async def migrate_when_reachable(url: str, *, backoff_s: float) -> None:
+    """Migrate to head, waiting out a database that is not up yet (started together)."""
+    outage = OutageWatch("start-up", base_s=backoff_s)
+    while True:
+        try:
+            await upgrade_database(url)
+        except Exception as exc:
+            if not is_database_unavailable(exc):
+                raise
+            await asyncio.sleep(outage.lost(exc))
+            continue
+        outage.recovered()
+        return
+
+
 async def serve(
     settings: Settings, *, role: Role, host: str, port: int, migrate: bool = True
 ) -> None:
@@ -57,12 +73,14 @@ async def serve(
     if not settings.database_url:
         raise ConfigError("DATABASE_URL is not set")
     url = settings.database_url
-    # Fail fast, before anything is started: broken policies and half-configured forges.
+    # Fail fast, before anything is started: broken policies, settings that cannot work and
+    # half-configured forges.
+    check_scheduler_settings(settings.scheduler)
     policies = load_policy_book(settings.policy_dir)
     if role in ("dispatcher", "all"):
         settings = settings.with_changes(llm_backend=_chosen_backend(settings))
     if migrate:
-        await upgrade_database(url)
+        await migrate_when_reachable(url, backoff_s=settings.outage_backoff_s)
     store = QueueStore.from_url(url, pool_size=max(10, settings.scheduler.workers + 4))
     clock = SystemClock()
     forges = build_forges(settings)
@@ -105,7 +123,11 @@ async def serve(
                 store,
                 backend,
                 planner=ForgePlanner(forges, policy_book=policies),
-                settings=DispatcherSettings.from_scheduler(settings.scheduler, owner=worker_name()),
+                settings=DispatcherSettings.from_scheduler(
+                    settings.scheduler,
+                    owner=worker_name(),
+                    outage_backoff_s=settings.outage_backoff_s,
+                ),
                 clock=clock,
                 on_job_complete=pipeline.job_completed,
                 plan_jobs=pipeline.plan_jobs,

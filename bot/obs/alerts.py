@@ -20,11 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock, SystemClock
 from bot.config import AlertSettings
-from bot.errors import StoreError
+from bot.errors import StoreError, StoreUnavailable
 from bot.logsafe import escaped
 from bot.model import Level
 from bot.obs import statements as sql
 from bot.obs.metrics import Metrics
+from bot.outage import OutageWatch
 
 log = logging.getLogger(__name__)
 
@@ -223,17 +224,26 @@ class AlertMonitor:
         return fired
 
 
-async def run_alert_loop(monitor: AlertMonitor, *, clock: Clock, interval_s: float) -> None:
-    """Check every `interval_s` until cancelled; a database outage is logged and retried."""
+async def run_alert_loop(
+    monitor: AlertMonitor, *, clock: Clock, interval_s: float, outage_backoff_s: float = 1.0
+) -> None:
+    """Check every `interval_s` until cancelled; through a database outage, back off (said once
+    when it starts and once when it ends)."""
+    outage = OutageWatch("alerts", base_s=outage_backoff_s)
     while True:
+        wait_s = interval_s
         try:
             await monitor.run_once(now=clock.now())
+        except StoreUnavailable as exc:
+            wait_s = max(interval_s, outage.lost(exc))
         except StoreError as exc:
             log.warning("alert check failed: %s", exc, extra={"action": "alert_check_failed"})
         except Exception:
             # A bug in one round must not end alerting for the process's lifetime.
             log.exception("alert check crashed", extra={"action": "alert_check_crashed"})
-        await asyncio.sleep(interval_s)
+        else:
+            outage.recovered()
+        await asyncio.sleep(wait_s)
 
 
 ALERT_MONITOR_KEY = web.AppKey("alert_monitor", AlertMonitor)

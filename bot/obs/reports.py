@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import TextClause, text
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import SystemClock
 from bot.config import Settings
-from bot.db import create_engine
-from bot.errors import ConfigError, ReviewBotError, StoreError, StoreUnavailable
+from bot.db import create_engine, translate_database_error
+from bot.errors import ConfigError, ReviewBotError
 from bot.model import LEVELS, Level
 from bot.stats import profile_verdict
 
@@ -339,10 +339,8 @@ async def build_report(engine: AsyncEngine, name: str, options: ReportOptions) -
             f"report {name} failed: {exc.orig}; is the database migrated (bot db upgrade) and "
             "does the role have SELECT on the report views?"
         ) from exc
-    except (OperationalError, InterfaceError, OSError) as exc:
-        raise StoreUnavailable(f"database unavailable: {exc}") from exc
-    except DBAPIError as exc:
-        raise StoreError(f"report {name} failed: {exc}") from exc
+    except (SQLAlchemyError, OSError) as exc:
+        raise translate_database_error(exc, what=f"report {name} failed") from exc
     notes: list[str] = []
     if name == "durations":
         verdict = durations_verdict(rows)

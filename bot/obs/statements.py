@@ -7,10 +7,10 @@ from typing import Any
 
 from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.errors import StoreError, StoreUnavailable
+from bot.db import translate_database_error
 
 
 def _sql(statement: str) -> TextClause:
@@ -97,10 +97,8 @@ async def fetch_rows(
         async with engine.connect() as conn:
             result = await conn.execute(statement, dict(params or {}))
             return list(result.all())
-    except (OperationalError, InterfaceError, OSError) as exc:
-        raise StoreUnavailable(f"database unavailable: {exc}") from exc
-    except DBAPIError as exc:
-        raise StoreError(f"query failed: {exc}") from exc
+    except (SQLAlchemyError, OSError) as exc:
+        raise translate_database_error(exc, what="query failed") from exc
 
 
 async def write_rows(
@@ -111,10 +109,8 @@ async def write_rows(
         async with engine.begin() as conn:
             result = await conn.execute(statement, dict(params))
             return list(result.all())
-    except (OperationalError, InterfaceError, OSError) as exc:
-        raise StoreUnavailable(f"database unavailable: {exc}") from exc
-    except DBAPIError as exc:
-        raise StoreError(f"write failed: {exc}") from exc
+    except (SQLAlchemyError, OSError) as exc:
+        raise translate_database_error(exc, what="write failed") from exc
 
 
 async def insert_alerts(engine: AsyncEngine, rows: list[Mapping[str, Any]]) -> set[int]:
@@ -125,8 +121,6 @@ async def insert_alerts(engine: AsyncEngine, rows: list[Mapping[str, Any]]) -> s
             for row in rows:
                 result = await conn.execute(INSERT_ALERT, dict(row))
                 recorded.update(int(r.job_id) for r in result.all())
-    except (OperationalError, InterfaceError, OSError) as exc:
-        raise StoreUnavailable(f"database unavailable: {exc}") from exc
-    except DBAPIError as exc:
-        raise StoreError(f"write failed: {exc}") from exc
+    except (SQLAlchemyError, OSError) as exc:
+        raise translate_database_error(exc, what="write failed") from exc
     return recorded

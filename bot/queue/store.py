@@ -12,11 +12,11 @@ from typing import Any
 
 from sqlalchemy import TextClause
 from sqlalchemy.engine import Row
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from bot.db import create_engine
-from bot.errors import LeaseLost, StoreError, StoreUnavailable
+from bot.db import create_engine, translate_database_error
+from bot.errors import LeaseLost
 from bot.model import (
     LEVELS,
     Chunk,
@@ -113,30 +113,13 @@ class Leased:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-UNDEFINED_TABLE = "42P01"
-
-
-def _translate_database_error(exc: DBAPIError) -> StoreError:
-    """Our error for a driver error: outages, a missing schema, anything else."""
-    if exc.connection_invalidated:
-        return StoreUnavailable(f"database connection lost: {exc.orig}")
-    if getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE:
-        return StoreError(
-            "the database has no review-bot schema (or an old one): run `bot db upgrade`"
-            f" ({exc.orig})"
-        )
-    return StoreError(f"database error: {exc}")
-
-
 @contextmanager
 def _database_errors() -> Iterator[None]:
     """Translate driver errors at the adapter edge into the store's own errors."""
     try:
         yield
-    except (OperationalError, InterfaceError, OSError, ConnectionError) as exc:
-        raise StoreUnavailable(f"database unavailable: {exc}") from exc
-    except DBAPIError as exc:
-        raise _translate_database_error(exc) from exc
+    except (SQLAlchemyError, OSError, ConnectionError) as exc:
+        raise translate_database_error(exc) from exc
 
 
 def dedupe_key_for(request: ReviewRequest) -> str:

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from bot.clock import Clock
-from bot.errors import ForgeError, ForgeNotFound, StoreUnavailable
+from bot.errors import ForgeError, ForgeNotFound, StoreError
 from bot.forges.base import (
     ForgeClient,
     InlineComment,
@@ -24,6 +24,7 @@ from bot.forges.base import (
 )
 from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
 from bot.obs.metrics import Metrics
+from bot.outage import OutageWatch
 from bot.policy import PolicyBook
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
@@ -327,15 +328,27 @@ class ReviewPipeline:
         """Post what a crash left unposted, and deferred posts whose retry time came."""
         return await post_unposted(self.store, self.forges, now=now, settings=self.posting)
 
-    async def run_recovery(self, clock: Clock, *, interval_s: float, stop: asyncio.Event) -> None:
-        """Call `recover` at once and then every `interval_s` until `stop` is set."""
+    async def run_recovery(
+        self,
+        clock: Clock,
+        *,
+        interval_s: float,
+        stop: asyncio.Event,
+        outage_backoff_s: float = 1.0,
+    ) -> None:
+        """Call `recover` at once and then every `interval_s` until `stop` is set; while the
+        database is away, try again with backoff instead."""
+        outage = OutageWatch("recovery", base_s=outage_backoff_s)
         while not stop.is_set():
+            wait_s = interval_s
             try:
                 await self.recover(clock.now())
-            except StoreUnavailable as exc:
-                log.warning("recovery skipped: %s", exc, extra={"action": "recovery_skipped"})
+            except StoreError as exc:
+                wait_s = outage.lost(exc)
+            else:
+                outage.recovered()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+                await asyncio.wait_for(stop.wait(), timeout=wait_s)
 
 
 __all__ = [

@@ -12,10 +12,11 @@ from typing import Any, Literal, Protocol
 
 from bot.clock import Clock
 from bot.config import SchedulerSettings
-from bot.errors import LeaseLost, LLMError, LLMRequestRejected, ReviewBotError
+from bot.errors import LeaseLost, LLMError, LLMRequestRejected, ReviewBotError, StoreError
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
 from bot.model import LEVELS, ChunkPlan, Job, JobState, Level, PolicyDecision, ReviewRequest
 from bot.obs.metrics import Metrics
+from bot.outage import OutageWatch
 from bot.queue.store import ChunkOutcome, Leased, QueueStore
 from bot.review.engine import ChunkReview, review_chunk
 from bot.sched.mlfq import (
@@ -142,14 +143,21 @@ class DispatcherSettings:
     heartbeat_s: float = 30.0
     poll_s: float = 5.0
     maintenance_s: float = 60.0  # aging and lease reclaim period
+    outage_backoff_s: float = 1.0  # first pause after the database is lost
     mlfq: MlfqSettings = field(default_factory=MlfqSettings)
 
     @classmethod
     def from_scheduler(
-        cls, settings: SchedulerSettings, *, owner: str, policy: SchedulingPolicy = "mlfq"
+        cls,
+        settings: SchedulerSettings,
+        *,
+        owner: str,
+        policy: SchedulingPolicy = "mlfq",
+        outage_backoff_s: float = 1.0,
     ) -> DispatcherSettings:
         """Settings from the bot's SchedulerSettings."""
         return cls(
+            outage_backoff_s=outage_backoff_s,
             policy=policy,
             slots=settings.workers,
             owner=owner,
@@ -249,6 +257,8 @@ class Dispatcher:
         self._live = False
         self._calls: dict[int, asyncio.Task[ChunkReview]] = {}
         self._preempted: set[int] = set()
+        self._next_maintenance = 0.0
+        self._started: set[int] = set()  # live mode: chunks whose task was started
 
     # --- pure-ish steps (the replay drives these under a virtual clock) ---------------------
 
@@ -680,59 +690,100 @@ class Dispatcher:
         return self._stopping.is_set()
 
     async def _run_chunk(self, leased: Leased) -> None:
-        """Live mode: review one chunk through the review engine and store what it found."""
+        """Live mode: run one chunk; whatever goes wrong, its slot is freed and the error kept."""
+        chunk = leased.chunk
         try:
-            job = await self.store.get_job(leased.chunk.job_id)
-            if self.metrics is not None and job is not None and leased.first_start:
-                started = leased.chunk.started_at or self.clock.now()
-                ready = job.ready_at or job.enqueued_at
-                self.metrics.observe_wait(job.base_level, (started - ready).total_seconds())
-            call = asyncio.ensure_future(self.review(job, leased))
-            self._calls[leased.chunk.id] = call
-            try:
-                review = await call
-            except LLMRequestRejected as exc:
-                # This model cannot review this part (e.g. a prompt over its context length);
-                # the rest of the review goes on and its summary names the part and why.
-                log.warning(
-                    "chunk %s refused by the model server: %s",
-                    leased.chunk.id,
-                    exc,
-                    extra={"action": "chunk_refused", "job_id": leased.chunk.job_id},
-                )
-                await self.complete_review(
-                    leased,
-                    gpu_seconds=0.0,
-                    result={"status": "failed", "error": f"the model server refused it: {exc}"},
-                    now=self.clock.now(),
-                )
-                return
-            except LLMError as exc:
-                await self.fail(leased, exc, self.clock.now())
-                return
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                preempted = leased.chunk.id in self._preempted
-                if preempted and (current is None or not current.cancelling()):
-                    return  # preempted: the chunk is queued again and its slot serves P0
-                raise
-            finally:
-                self._calls.pop(leased.chunk.id, None)
-                self._preempted.discard(leased.chunk.id)
-            if self.metrics is not None:
-                usage = review.usage
-                self.metrics.observe_chunk(self.settings.owner, review.gpu_seconds)
-                self.metrics.observe_llm(
-                    usage.latency_s, usage.prompt_tokens, usage.completion_tokens
-                )
+            await self._review_and_store(leased)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Not an outcome the review engine knows (a bug, a backend raising something of its
+            # own, the database going away): the attempt counts, with its error on the chunk.
+            log.exception(
+                "chunk %s of job %s failed unexpectedly",
+                chunk.id,
+                chunk.job_id,
+                extra={"action": "chunk_crashed", "job_id": chunk.job_id},
+            )
+            await self._record_crash(leased, exc)
+        finally:
+            self._started.discard(chunk.id)
+            self._wake.set()
+
+    async def _record_crash(self, leased: Leased, error: Exception) -> None:
+        """Free the slot and count the attempt; if the store is away too, the lease expires."""
+        chunk = leased.chunk
+        self.held.pop(chunk.id, None)
+        try:
+            outcome = await self.store.fail_chunk(
+                chunk.id,
+                owner=self.settings.owner,
+                now=self.clock.now(),
+                error=f"{type(error).__name__}: {error}",
+                retryable=True,
+            )
+        except LeaseLost:
+            return  # finished or taken over before the failure: nothing to count
+        except StoreError as exc:
+            log.warning(
+                "chunk %s: failure not recorded, its lease will expire: %s",
+                chunk.id,
+                exc,
+                extra={"action": "chunk_failure_unrecorded", "job_id": chunk.job_id},
+            )
+            return
+        if outcome.job_dead and self.metrics is not None:
+            self.metrics.count_dead()
+
+    async def _review_and_store(self, leased: Leased) -> None:
+        """Review one chunk through the review engine and store what it found."""
+        job = await self.store.get_job(leased.chunk.job_id)
+        if self.metrics is not None and job is not None and leased.first_start:
+            started = leased.chunk.started_at or self.clock.now()
+            ready = job.ready_at or job.enqueued_at
+            self.metrics.observe_wait(job.base_level, (started - ready).total_seconds())
+        call = asyncio.ensure_future(self.review(job, leased))
+        self._calls[leased.chunk.id] = call
+        try:
+            review = await call
+        except LLMRequestRejected as exc:
+            # This model cannot review this part (e.g. a prompt over its context length);
+            # the rest of the review goes on and its summary names the part and why.
+            log.warning(
+                "chunk %s refused by the model server: %s",
+                leased.chunk.id,
+                exc,
+                extra={"action": "chunk_refused", "job_id": leased.chunk.job_id},
+            )
             await self.complete_review(
                 leased,
-                gpu_seconds=review.gpu_seconds,
-                result=review.to_result(),
+                gpu_seconds=0.0,
+                result={"status": "failed", "error": f"the model server refused it: {exc}"},
                 now=self.clock.now(),
             )
+            return
+        except LLMError as exc:
+            await self.fail(leased, exc, self.clock.now())
+            return
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            preempted = leased.chunk.id in self._preempted
+            if preempted and (current is None or not current.cancelling()):
+                return  # preempted: the chunk is queued again and its slot serves P0
+            raise
         finally:
-            self._wake.set()
+            self._calls.pop(leased.chunk.id, None)
+            self._preempted.discard(leased.chunk.id)
+        if self.metrics is not None:
+            usage = review.usage
+            self.metrics.observe_chunk(self.settings.owner, review.gpu_seconds)
+            self.metrics.observe_llm(usage.latency_s, usage.prompt_tokens, usage.completion_tokens)
+        await self.complete_review(
+            leased,
+            gpu_seconds=review.gpu_seconds,
+            result=review.to_result(),
+            now=self.clock.now(),
+        )
 
     async def review(self, job: Job | None, leased: Leased) -> ChunkReview:
         """Prompt, call and parse one chunk (one stricter retry on malformed output)."""
@@ -746,18 +797,23 @@ class Dispatcher:
             instructions=self.instructions,
         )
 
-    async def _heartbeat_loop(self) -> None:
+    async def _heartbeat_loop(self, outage: OutageWatch) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
-            if self.held:
+            if not self.held:
+                continue
+            try:
                 await self.store.heartbeat(
                     list(self.held),
                     owner=self.settings.owner,
                     now=self.clock.now(),
                     lease_s=self.settings.lease_s,
                 )
+            except StoreError as exc:
+                # The leases run out if this goes on; others then take the chunks over.
+                outage.lost(exc)
 
-    async def _listen(self, database_url: str | None) -> Any:
+    async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Any:
         """LISTEN on the queue channel through a dedicated asyncpg connection, if possible."""
         if database_url is None:
             return None
@@ -767,43 +823,80 @@ class Dispatcher:
         from bot.queue.store import QUEUE_CHANNEL
 
         try:
-            connection = await asyncpg.connect(plain_url(database_url))
-        except (OSError, asyncpg.PostgresError) as exc:
-            log.warning(
-                "LISTEN unavailable, polling every %ss: %s",
-                self.settings.poll_s,
-                exc,
-                extra={"action": "listen_failed"},
-            )
+            connection = await asyncpg.connect(plain_url(database_url), timeout=10)
+            await connection.add_listener(QUEUE_CHANNEL, self._notified)
+            # A server restart closes this connection: wake the loop so it listens again.
+            connection.add_termination_listener(self._notified)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            if not quiet:
+                log.warning(
+                    "LISTEN unavailable, polling every %ss: %s",
+                    self.settings.poll_s,
+                    exc,
+                    extra={"action": "listen_failed"},
+                )
             return None
-
-        def notified(*_: object) -> None:
-            self._wake.set()
-
-        await connection.add_listener(QUEUE_CHANNEL, notified)
         return connection
 
+    def _notified(self, *_: object) -> None:
+        self._wake.set()
+
+    async def _step(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One pass of the loop: maintenance when due, planning, filling free slots."""
+        if loop.time() >= self._next_maintenance:
+            await self.maintain(self.clock.now())
+            self._next_maintenance = loop.time() + self.settings.maintenance_s
+        await self.plan_pending(self.clock.now())
+        # Read the clock again: work submitted while we planned must not appear to
+        # start before it arrived.
+        try:
+            await self.fill_slots(self.clock.now())
+        finally:
+            # Even when a later statement of the pass failed, what was leased runs: a leased
+            # chunk without a task would keep its slot (and, heartbeat after heartbeat, its
+            # lease) for ever.
+            self._start_leased()
+
+    def _start_leased(self) -> None:
+        for chunk_id, leased in list(self.held.items()):
+            if chunk_id in self._started:
+                continue
+            self._started.add(chunk_id)
+            task = asyncio.create_task(self._run_chunk(leased))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait `seconds`, or less when stop() is called."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
     async def run(self, *, database_url: str | None = None, shutdown_grace_s: float = 30.0) -> None:
-        """Serve until stop(): wake on NOTIFY (or the poll), fill slots, run chunks."""
+        """Serve until stop(): wake on NOTIFY (or the poll), fill slots, run chunks.
+
+        A database outage never ends the loop: it backs off (with jitter), says so once, and
+        carries on when the database is back; the LISTEN connection is opened again then.
+        """
         listener = await self._listen(database_url)
         self._live = True
-        heartbeat = asyncio.create_task(self._heartbeat_loop())
-        next_maintenance = 0.0
+        outage = OutageWatch(
+            f"dispatcher {self.settings.owner}", base_s=self.settings.outage_backoff_s
+        )
+        heartbeat = asyncio.create_task(self._heartbeat_loop(outage))
+        self._next_maintenance = 0.0
         loop = asyncio.get_running_loop()
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
-                now = self.clock.now()
-                if loop.time() >= next_maintenance:
-                    await self.maintain(now)
-                    next_maintenance = loop.time() + self.settings.maintenance_s
-                await self.plan_pending(self.clock.now())
-                # Read the clock again: work submitted while we planned must not appear to
-                # start before it arrived.
-                for leased in await self.fill_slots(self.clock.now()):
-                    task = asyncio.create_task(self._run_chunk(leased))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                try:
+                    await self._step(loop)
+                except StoreError as exc:
+                    await self._pause(outage.lost(exc))
+                    continue
+                outage.recovered()
+                if database_url is not None and (listener is None or listener.is_closed()):
+                    # The server restarted (or was away at start): NOTIFY wakes us again.
+                    listener = await self._listen(database_url, quiet=listener is None)
                 timeout = self.settings.poll_s
                 if self.recheck_at is not None:
                     until_recheck = (self.recheck_at - self.clock.now()).total_seconds()
@@ -815,12 +908,19 @@ class Dispatcher:
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-            await self.release_all(self.clock.now())
+            try:
+                await self.release_all(self.clock.now())
+            except StoreError as exc:
+                log.warning(
+                    "chunks not handed back (their leases expire instead): %s",
+                    exc,
+                    extra={"action": "release_failed"},
+                )
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-            if listener is not None:
+            if listener is not None and not listener.is_closed():
                 await listener.close()
 
 
