@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from bot.config import Settings
+from bot.diff import commentable_positions
 from bot.errors import BackendUnavailable, ConfigError, LLMError
 from bot.llm.base import LLMBackend, LLMRequest
 from bot.llm.factory import create_backend
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.llm.simulated import SimulatedBackend
-from bot.review.diff import commentable_positions
 from bot.review.engine import review_chunk
 from bot.review.prompts import build_messages
 

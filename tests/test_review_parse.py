@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.review.diff import changed_lines, commentable_positions, parse_files, parse_hunks
+from bot.diff import changed_lines, commentable_positions, parse_files, parse_hunks
 from bot.review.parse import (
     MAX_BODY_CHARS,
     build_retry_reminder,

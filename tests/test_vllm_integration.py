@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from bot.diff import commentable_positions
 from bot.errors import LLMError
 from bot.llm.base import LLMRequest
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.review.assemble import StoredChunk, assemble_review
-from bot.review.diff import commentable_positions
 from bot.review.engine import ChunkReview, review_chunk
 
 pytestmark = pytest.mark.vllm

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.diff import file_value
 from bot.model import Chunk
-from bot.review.diff import file_value
 from bot.review.parse import SEVERITIES, SEVERITY_RANK, Finding
 
 LOCK_FILES = frozenset(

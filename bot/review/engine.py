@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from bot.diff import commentable_positions, file_lines, file_value
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
-from bot.review.diff import commentable_positions, file_lines, file_value
 from bot.review.parse import (
     MAX_BODY_CHARS,
     MAX_FINDINGS_PER_CHUNK,

@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.review.diff import SIDES, Side
+from bot.diff import SIDES, Side
 
 MAX_FINDINGS_PER_CHUNK = 20
 MAX_BODY_CHARS = 2_000

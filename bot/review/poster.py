@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from bot.clock import Clock
+from bot.diff import commentable_positions
 from bot.errors import ForgeError, ForgeNotFound, StoreError
 from bot.forges.base import (
     ForgeClient,
@@ -29,7 +30,6 @@ from bot.policy import PolicyBook
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
 from bot.review.deferral import RetryBudget, defer_or_fail
-from bot.review.diff import commentable_positions
 from bot.review.parse import parse_review
 from bot.review.planner import PlanningSettings, plan_next_jobs
 from bot.sched.mlfq import ServiceEstimator

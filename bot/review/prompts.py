@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bot.review.diff import count_changes, file_value, parse_hunks
+from bot.diff import count_changes, file_value, parse_hunks
 
 # Byte-identical on every call so the engine's prefix cache shares it across all requests.
 SYSTEM_PROMPT = """\
