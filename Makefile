@@ -24,11 +24,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check bot tests bench migrations
 	$(BIN)/mypy
 	$(BIN)/ruff format --check bot tests bench migrations
+	$(BIN)/lint-imports
 
 test: $(STAMP)
 	$(BIN)/ruff check bot tests bench migrations
 	$(BIN)/ruff format --check bot tests bench migrations
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 test-vllm: $(STAMP)

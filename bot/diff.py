@@ -1,4 +1,4 @@
-"""Unified diff hunks: which (path, side, line) positions a chunk's diff really contains."""
+"""Unified diffs: the positions a chunk's diff contains, and the fenced form a prompt shows."""
 
 from __future__ import annotations
 
@@ -172,4 +172,102 @@ def changed_lines(file: FileDiff) -> tuple[tuple[Side, int, str], ...]:
                 found.append(("RIGHT", line.new_line, line.text))
             elif line.kind == "-" and line.old_line is not None:
                 found.append(("LEFT", line.old_line, line.text))
+    return tuple(found)
+
+
+# The fenced form a prompt shows a chunk's files in, and its inverse (for the simulated model).
+FILE_HEADER = re.compile(
+    r"^File: (?P<path>.+) \((?P<status>[a-z_]+), \+(?P<add>\d+)/-(?P<del>\d+)"
+    r"(?:, part (?P<part>\d+) of (?P<parts>\d+))?\)$"
+)
+BEGIN_DIFF = "BEGIN UNTRUSTED DIFF"
+END_DIFF = "END UNTRUSTED DIFF"
+NO_PATCH = "(no textual diff: binary or too large; not reviewed)"
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass(frozen=True, slots=True)
+class PromptFile:
+    """A file section recovered from a rendered prompt."""
+
+    path: str
+    status: str
+    additions: int
+    deletions: int
+    patch: str | None
+
+
+def clean_path(path: str) -> str:
+    """A path safe for one header line: control characters and newlines replaced."""
+    return CONTROL.sub("?", path.replace("\r", "?").replace("\n", "?"))
+
+
+def fence_for(text: str) -> str:
+    """A backtick fence longer than any backtick run in `text`, so the text cannot close it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def render_file(file: Mapping[str, Any] | Any) -> str:
+    """One file's section: a header line with path and size, then its fenced diff."""
+    path = clean_path(str(file_value(file, "path", "")))
+    status = str(file_value(file, "status", "modified") or "modified")
+    status = status if re.fullmatch(r"[a-z_]+", status) else "modified"
+    patch = file_value(file, "patch")
+    text = patch if isinstance(patch, str) else None
+    additions, deletions = count_changes(file, parse_hunks(text))
+    part, parts = file_value(file, "part"), file_value(file, "parts")
+    where = f", part {int(part)} of {int(parts)}" if part and parts else ""
+    header = f"File: {path} ({status}, +{additions}/-{deletions}{where})"
+    if not isinstance(patch, str) or not patch:
+        return f"{header}\n{NO_PATCH}"
+    body = CONTROL.sub("", patch.replace("\r\n", "\n")).rstrip("\n")
+    fence = fence_for(body)
+    return f"{header}\n{fence}diff\n{body}\n{fence}"
+
+
+def render_diff(files: Iterable[Mapping[str, Any] | Any]) -> str:
+    """The chunk's files between BEGIN/END markers."""
+    sections = [render_file(file) for file in files]
+    return "\n".join([BEGIN_DIFF, *sections, END_DIFF])
+
+
+def extract_files(user_message: str) -> tuple[PromptFile, ...]:
+    """Recover the file sections rendered by build_user_message (inverse of render_diff)."""
+    lines = user_message.split("\n")
+    try:
+        start = lines.index(BEGIN_DIFF) + 1
+    except ValueError:
+        return ()
+    found: list[PromptFile] = []
+    index = start
+    while index < len(lines):
+        line = lines[index]
+        if line == END_DIFF:
+            break
+        match = FILE_HEADER.match(line)
+        index += 1
+        if not match:
+            continue
+        patch: str | None = None
+        if index < len(lines) and lines[index] == NO_PATCH:
+            index += 1
+        elif index < len(lines) and lines[index].startswith("```"):
+            fence = lines[index][: len(lines[index]) - len(lines[index].lstrip("`"))]
+            index += 1
+            body: list[str] = []
+            while index < len(lines) and lines[index] != fence:
+                body.append(lines[index])
+                index += 1
+            index += 1  # the closing fence
+            patch = "\n".join(body)
+        found.append(
+            PromptFile(
+                path=match.group("path"),
+                status=match.group("status"),
+                additions=int(match.group("add")),
+                deletions=int(match.group("del")),
+                patch=patch,
+            )
+        )
     return tuple(found)

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
+from bot.diff import BEGIN_DIFF, END_DIFF, extract_files, fence_for, render_file
 from bot.model import FileChange
-from bot.review.prompts import (
-    BEGIN_DIFF,
-    END_DIFF,
-    OUTPUT_CONTRACT,
-    SYSTEM_PROMPT,
-    build_messages,
-    extract_files,
-    fence_for,
-    render_file,
-    review_schema,
-)
+from bot.review.prompts import OUTPUT_CONTRACT, SYSTEM_PROMPT, build_messages, review_schema
 
 PATCH = """@@ -10,4 +10,5 @@ def handler(event):
      value = event["value"]

@@ -16,8 +16,8 @@ import aiohttp
 
 from bot.errors import ConfigError, LLMError, LLMRequestRejected
 from bot.llm.base import LLMRequest, LLMResponse
+from bot.llm.schema import REVIEW_SCHEMA
 from bot.retry import call_with_retries, parse_retry_after
-from bot.review.prompts import REVIEW_SCHEMA
 
 logger = logging.getLogger(__name__)
 

@@ -8,10 +8,9 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from bot.diff import changed_lines, parse_files
+from bot.diff import changed_lines, extract_files, parse_files
 from bot.errors import LLMError
 from bot.llm.base import LLMRequest, LLMResponse
-from bot.review.prompts import extract_files
 
 DEFAULT_OVERHEAD_S = 3.0
 DEFAULT_SECONDS_PER_LINE = 0.15

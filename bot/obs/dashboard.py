@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.clock import Clock, SystemClock
+from bot.clock import Clock
 from bot.model import LEVELS, Level
 from bot.obs import statements as sql
 from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
@@ -485,19 +485,11 @@ def setup_admin(
     app: web.Application,
     *,
     admin_token: str | None,
-    engine: AsyncEngine | None = None,
-    clock: Clock | None = None,
+    engine: AsyncEngine,
+    clock: Clock,
     thresholds: Mapping[Level, float] | None = None,
 ) -> None:
-    """Add `GET /admin`; engine and clock default to the app's store and clock."""
-    if engine is None:
-        from bot.app import STORE_KEY  # the composition root imports this module
-
-        engine = app[STORE_KEY].engine
-    if clock is None:
-        from bot.app import CLOCK_KEY
-
-        clock = app[CLOCK_KEY] if CLOCK_KEY in app else SystemClock()
+    """Add `GET /admin`, reading the queue through `engine`."""
     app[ADMIN_KEY] = AdminConfig(
         engine=engine,
         clock=clock,

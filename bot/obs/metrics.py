@@ -25,7 +25,7 @@ from prometheus_client import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.clock import Clock, SystemClock
+from bot.clock import Clock
 from bot.errors import StoreError
 from bot.model import LEVELS, Level
 from bot.obs import statements as sql
@@ -294,32 +294,20 @@ async def handle_metrics(request: web.Request) -> web.Response:
 def setup_metrics(
     app: web.Application,
     *,
-    engine: AsyncEngine | None = None,
-    clock: Clock | None = None,
+    engine: AsyncEngine,
+    clock: Clock,
     metrics: Metrics | None = None,
     count_webhooks: bool = True,
 ) -> Metrics:
-    """Add `GET /metrics`; engine and clock default to the app's store and clock."""
+    """Add `GET /metrics`, reading the queue through `engine`."""
     used = metrics if metrics is not None else Metrics()
     app[METRICS_KEY] = used
     app[METRICS_CONFIG_KEY] = MetricsConfig(
         metrics=used,
-        engine=engine if engine is not None else _app_store(app).engine,
-        clock=clock if clock is not None else _app_clock(app),
+        engine=engine,
+        clock=clock,
     )
     app.router.add_get("/metrics", handle_metrics)
     if count_webhooks:
         app.on_response_prepare.append(_count_webhook_response)
     return used
-
-
-def _app_store(app: web.Application) -> Any:
-    from bot.app import STORE_KEY  # the composition root imports this module
-
-    return app[STORE_KEY]
-
-
-def _app_clock(app: web.Application) -> Clock:
-    from bot.app import CLOCK_KEY
-
-    return app[CLOCK_KEY] if CLOCK_KEY in app else SystemClock()
