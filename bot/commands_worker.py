@@ -227,6 +227,7 @@ class CommandWorker:
         comment_id = int(detail.get("comment_id") or 0)
         client = self.forges.get(forge)
         if client is not None:
+            client.use_installation(repo, detail.get("installation_id"))
             await self._react(client, repo, comment_id, "eyes", number=number)
         commands, errors = commands_of(delivery, forge=forge)
         done = await self.inbox.executed_commands(delivery) if delivery.attempts > 1 else set()

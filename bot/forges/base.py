@@ -113,6 +113,9 @@ class RetryPolicy:
 class ForgeClient(Protocol):
     """The forge operations the dispatcher, poster and command handler use."""
 
+    def use_installation(self, repo: str, installation_id: int | None) -> None:
+        """Remember the installation a webhook named for `repo` (GitHub Apps; else nothing)."""
+
     async def fetch_changes(
         self,
         repo: str,

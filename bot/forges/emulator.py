@@ -104,6 +104,9 @@ class RequestLog:
     route: str
     status: int
     at: datetime
+    # The request's Accept and X-GitHub-Api-Version, as sent (None when absent).
+    accept: str | None = None
+    api_version: str | None = None
 
 
 @dataclass(slots=True)
@@ -1532,6 +1535,8 @@ def create_emulator_app(state: EmulatorState) -> web.Application:
                 if path_matched:
                     raise _Reply(405, {"message": "405 Method Not Allowed"})
                 raise _not_found(forge)
+            if forge == "github":
+                _check_api_version(request.headers.get("X-GitHub-Api-Version"))
             fault = _next_fault(state, route.name)
             if fault is not None and fault.delay_s > 0:
                 await asyncio.sleep(fault.delay_s)
@@ -1553,6 +1558,8 @@ def create_emulator_app(state: EmulatorState) -> web.Application:
                 route.name if route else "",
                 response.status,
                 state.clock(),
+                accept=request.headers.get("Accept"),
+                api_version=request.headers.get("X-GitHub-Api-Version"),
             )
         )
         return response
@@ -1561,6 +1568,15 @@ def create_emulator_app(state: EmulatorState) -> web.Application:
     app[EMULATOR_STATE] = state
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app
+
+
+# REST API versions GitHub serves; a request naming another one is refused with a 400.
+GITHUB_API_VERSIONS = frozenset({"2022-11-28", "2026-03-10"})
+
+
+def _check_api_version(version: str | None) -> None:
+    if version is not None and version not in GITHUB_API_VERSIONS:
+        raise _github_error(400, f"API version '{version}' is not supported.")
 
 
 def _next_fault(state: EmulatorState, route: str) -> Fault | None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
 import aiohttp
 import gidgethub
-from gidgethub import apps
+from gidgethub import apps, sansio
 from gidgethub.aiohttp import GitHubAPI
 
 from bot.errors import ConfigError, ForgeError, ForgeNotFound
@@ -46,7 +46,24 @@ DEFAULT_API_URL = "https://api.github.com"
 TOKEN_REFRESH_MARGIN = timedelta(minutes=5)
 # GitHub answers a secondary rate limit without Retry-After at times; wait this long then.
 SECONDARY_LIMIT_DEFAULT_S = 60.0
+# What GitHub's REST documentation asks every request to send today; gidgethub still sends the
+# v3 media type and no API version (which GitHub then reads as the oldest version).
+GITHUB_ACCEPT = "application/vnd.github+json"
+GITHUB_API_VERSION = "2022-11-28"
 T = TypeVar("T")
+
+
+class CurrentGitHubAPI(GitHubAPI):
+    """gidgethub's aiohttp transport sending GitHub's current media type and API version."""
+
+    async def _request(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        current = dict(headers)
+        if current.get("accept") == sansio.accept_format():
+            current["accept"] = GITHUB_ACCEPT
+        current.setdefault("x-github-api-version", GITHUB_API_VERSION)
+        return await super()._request(method, url, current, body)
 
 
 def translate_github_error(exc: gidgethub.HTTPException, *, now: datetime) -> ForgeError:
@@ -101,7 +118,7 @@ class GitHubClient:
     ) -> None:
         if token is None and (app_id is None or private_key is None):
             raise ConfigError("GitHub needs a token, or an App id and its private key")
-        self._api = GitHubAPI(session, requester, base_url=base_url)
+        self._api = CurrentGitHubAPI(session, requester, base_url=base_url)
         self._token = token
         self._app_id = app_id
         self._private_key = private_key
@@ -121,6 +138,12 @@ class GitHubClient:
         assert self._app_id is not None and self._private_key is not None
         return apps.get_jwt(app_id=self._app_id, private_key=self._private_key)
 
+    def use_installation(self, repo: str, installation_id: int | None) -> None:
+        """Remember the App installation a webhook named for `repo`, so no call has to ask
+        GitHub for it (`GET /repos/{owner}/{repo}/installation` stays the fallback)."""
+        if installation_id is not None:
+            self._installations[repo] = int(installation_id)
+
     async def _installation_for(self, repo: str, installation_id: int | None) -> int:
         if installation_id is not None:
             self._installations[repo] = installation_id
@@ -129,6 +152,11 @@ class GitHubClient:
         if known is not None:
             return known
         owner, name = split_repo(repo)
+        logger.info(
+            "no installation id known for %s: asking GitHub",
+            repo,
+            extra={"action": "github_installation_lookup"},
+        )
         data = await self._api.getitem(
             "/repos/{owner}/{repo}/installation",
             {"owner": owner, "repo": name},

@@ -153,6 +153,9 @@ class GitLabClient:
 
         return await retry_forge_call(attempt, sleep=self._sleep, policy=self._retry, action=action)
 
+    def use_installation(self, repo: str, installation_id: int | None) -> None:
+        """GitLab has no App installations: nothing to remember."""
+
     def _project(self, repo: str, project_id: int | None = None) -> str:
         if project_id is not None:
             self._projects[repo] = project_id

@@ -183,6 +183,7 @@ async def post_job_review(
     ):
         return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
     assembled: AssembledReview | None = None
+    client.use_installation(job.repo, job.request.get("installation_id"))
     try:
         existing = await client.find_posted_review(job.repo, job.number, render_marker(job.id))
         if existing is not None:

@@ -1,0 +1,182 @@
+"""GitHub as an App: the installation named by the webhook is used; current API headers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from bot.clock import VirtualClock
+from bot.config import DEFAULT_POLICY_DIR
+from bot.forges.base import RetryPolicy
+from bot.forges.emulator import EmulatorState, ForgeEmulator, build_github_pull_request_event
+from bot.forges.github import GITHUB_ACCEPT, GITHUB_API_VERSION, GitHubClient
+from bot.forges.registry import ForgeOptions, build_forges
+from bot.intake.normalize import normalize_delivery
+from bot.intake.verify import Delivery
+from bot.llm.simulated import SimulatedBackend
+from bot.model import JobState, ReviewRequest
+from bot.policy import evaluate, load_policy_book
+from bot.queue.store import QueueStore
+from bot.review.planner import plan_next_jobs
+from bot.review.poster import post_job_review
+from tests.conftest import shared_dir
+from tests.pipeline_helpers import SMELLY, forge_settings, run_all_chunks
+
+REPO = "acme/shop"
+APP_ID = "4242"
+
+
+@pytest.fixture(scope="module")
+def app_key() -> tuple[str, str]:
+    """A private key for the App (PEM) and its public half, as GitHub keeps it."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    public_pem = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    return private_pem, public_pem
+
+
+@pytest.fixture
+async def emulator(clock: VirtualClock, app_key: tuple[str, str]) -> AsyncIterator[ForgeEmulator]:
+    state = EmulatorState(clock=clock.now)
+    state.register_app(APP_ID, app_key[1])
+    async with ForgeEmulator(state) as running:
+        yield running
+
+
+def app_client(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock, key: str
+) -> GitHubClient:
+    return GitHubClient(
+        session,
+        base_url=emulator.github_url,
+        app_id=APP_ID,
+        private_key=key,
+        clock=clock.now,
+        sleep=clock.sleep,
+        retry=RetryPolicy(attempts=1),
+        post_interval_s=0.0,
+    )
+
+
+def request_from_the_real_webhook(emulator: ForgeEmulator) -> ReviewRequest:
+    """octokit's recorded `pull_request.opened` (installation.id 1), pointed at a seeded PR."""
+    fixture = json.loads(
+        (shared_dir() / "fixtures" / "github" / "pull_request.opened.json").read_text()
+    )
+    pull = emulator.state.get_pull("github", REPO, 7)
+    payload = build_github_pull_request_event(
+        fixture,
+        repo=REPO,
+        number=7,
+        base_sha=pull.newest.base_sha,
+        head_sha=pull.newest.head_sha,
+        changed_files=1,
+        additions=SMELLY.additions,
+        deletions=SMELLY.deletions,
+    )
+    assert payload["installation"]["id"] == 1  # as recorded, not set by the test
+    request = normalize_delivery(Delivery("github", "pull_request", "d-1", payload))
+    assert isinstance(request, ReviewRequest)
+    return request
+
+
+async def test_the_installation_from_the_webhook_serves_planning_and_posting(
+    store: QueueStore, emulator: ForgeEmulator, clock: VirtualClock, app_key: tuple[str, str]
+) -> None:
+    """Planned in one process and posted by a freshly started one: neither asks GitHub which
+    installation holds the repository; the id the webhook carried is stored with the job."""
+    emulator.state.add_pull("github", REPO, 7, files=[SMELLY], installation_id=1)
+    emulator.state.installations["other/repo"] = 2
+    request = request_from_the_real_webhook(emulator)
+    book = load_policy_book(DEFAULT_POLICY_DIR)
+    submitted = await store.submit_request(
+        request, evaluate(book.policy_for(REPO), request), now=clock.now()
+    )
+    assert submitted.job_id is not None
+    settings = forge_settings(
+        emulator, github_token=None, github_app_id=APP_ID, github_private_key=app_key[0]
+    )
+    options = ForgeOptions(retry=RetryPolicy(attempts=1), post_interval_s=0.0)
+    async with build_forges(settings, clock=clock.now, sleep=clock.sleep, options=options) as one:
+        assert [o.result for o in await plan_next_jobs(store, one, book, now=clock.now())] == [
+            "planned"
+        ]
+    await run_all_chunks(store, SimulatedBackend(), clock)
+    async with build_forges(settings, clock=clock.now, sleep=clock.sleep, options=options) as two:
+        outcome = await post_job_review(store, two, submitted.job_id, now=clock.now())
+    assert outcome.result == "posted", outcome
+    job = await store.get_job(submitted.job_id)
+    assert job is not None and job.state == JobState.DONE
+    assert emulator.state.count_requests("github.installation") == 0
+    assert {installation for installation, _ in emulator.state.issued_tokens.values()} == {1}
+    assert len(emulator.state.posted(kind="review", repo=REPO, number=7)) == 1
+
+
+async def test_without_an_installation_id_github_is_asked_once_per_repository(
+    emulator: ForgeEmulator, clock: VirtualClock, app_key: tuple[str, str]
+) -> None:
+    emulator.state.add_pull("github", REPO, 7, files=[SMELLY], installation_id=3)
+    async with aiohttp.ClientSession() as session:
+        client = app_client(emulator, session, clock, app_key[0])
+        client.use_installation(REPO, None)  # a comment delivered without `installation`
+        assert await client.get_permission(REPO, "octocat") == "read"
+        await client.post_comment(REPO, 7, "hello")
+    assert emulator.state.count_requests("github.installation", status=200) == 1
+    assert {installation for installation, _ in emulator.state.issued_tokens.values()} == {3}
+
+
+async def test_every_request_sends_the_current_media_type_and_api_version(
+    emulator: ForgeEmulator, clock: VirtualClock, app_key: tuple[str, str]
+) -> None:
+    emulator.state.add_pull("github", REPO, 7, files=[SMELLY], installation_id=1)
+    comment = emulator.state.add_issue_comment(REPO, 7, user="octocat", body="/review status")
+    async with aiohttp.ClientSession() as session:
+        client = app_client(emulator, session, clock, app_key[0])
+        client.use_installation(REPO, 1)
+        await client.fetch_changes(REPO, 7)
+        await client.post_comment(REPO, 7, "hello")
+        await client.add_reaction(REPO, comment, "eyes")
+        await client.get_permission(REPO, "octocat")
+        await client.find_posted_review(REPO, 7, "<!-- none -->")
+    sent = emulator.state.requests
+    assert {entry.route for entry in sent} >= {
+        "github.access_token",
+        "github.pull",
+        "github.files",
+        "github.comments.create",
+        "github.reactions.create",
+        "github.permission",
+        "github.reviews.list",
+    }
+    assert {(entry.accept, entry.api_version) for entry in sent} == {
+        (GITHUB_ACCEPT, GITHUB_API_VERSION)
+    }
+    assert all(entry.status < 400 for entry in sent)
+
+
+async def test_the_emulator_refuses_an_api_version_github_does_not_serve(
+    emulator: ForgeEmulator,
+) -> None:
+    emulator.state.add_pull("github", REPO, 7, files=[SMELLY])
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"{emulator.github_url}/repos/{REPO}/pulls/7",
+            headers={"X-GitHub-Api-Version": "2011-01-01", "Accept": GITHUB_ACCEPT},
+        ) as answer,
+    ):
+        assert answer.status == 400
+        assert "2011-01-01" in (await answer.json())["message"]
