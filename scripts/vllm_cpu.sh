@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Cached CPU vLLM environment for the integration test and the benchmark.
 #   scripts/vllm_cpu.sh setup                  build (or reuse) venv + model; prints KEY=VALUE lines
-#   scripts/vllm_cpu.sh serve --port P [--max-num-seqs N] [--timeout S] [--watch-pid PID]
+#   scripts/vllm_cpu.sh serve --port P [--max-num-seqs N] [--timeout S] [--watch-pid PID] [--metrics]
 #                                              start the OpenAI server in the background, wait
 #                                              until it answers, print PID=... and URL=...;
-#                                              with --watch-pid it stops when PID exits
+#                                              with --watch-pid it stops when PID exits; with
+#                                              --metrics the engine's vllm:* series are on /metrics
 #   scripts/vllm_cpu.sh paths                  print the paths without building anything
 # Everything lives outside the repository, in ${REVIEW_BOT_CACHE:-$HOME/.cache/review-bot}.
 set -euo pipefail
@@ -66,13 +67,15 @@ setup() {
 }
 
 serve() {
-    local port="" max_num_seqs="" timeout=600 watch_pid=""
+    local port="" max_num_seqs="" timeout=600 watch_pid="" stats="--disable-log-stats"
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --port) port="$2"; shift 2 ;;
             --max-num-seqs) max_num_seqs="$2"; shift 2 ;;
             --timeout) timeout="$2"; shift 2 ;;
             --watch-pid) watch_pid="$2"; shift 2 ;;
+            # vLLM exports its engine series (queue, KV cache, preemptions) only with stats on.
+            --metrics) stats=""; shift ;;
             *) log "unknown option $1"; exit 2 ;;
         esac
     done
@@ -82,7 +85,8 @@ serve() {
     local logfile="$LOG_DIR/server-$port.log"
     local args=(-m vllm.entrypoints.openai.api_server --model "$MODEL_DIR"
         --served-model-name smollm2 --enforce-eager --scheduling-policy priority
-        --host 127.0.0.1 --port "$port" --max-model-len 4096 --disable-log-stats)
+        --host 127.0.0.1 --port "$port" --max-model-len 4096)
+    [[ -n "$stats" ]] && args+=("$stats")
     [[ -n "$max_num_seqs" ]] && args+=(--max-num-seqs "$max_num_seqs")
     local started=$SECONDS
     # setsid: the server and its engine process form one group the caller can stop by its id.
