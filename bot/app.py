@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from bot.clock import Clock, SystemClock
-from bot.commands_worker import setup_commands
+from bot.commands.worker import setup_commands
 from bot.config import Settings
 from bot.errors import ConfigError, StoreError, StoreUnavailable, WebhookError
 from bot.forges.base import ForgeClient

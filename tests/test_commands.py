@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.commands import MAX_COMMANDS, MAX_SCANNED_CHARS, VERBS, is_bot_comment, parse_commands
+from bot.commands.parse import (
+    MAX_COMMANDS,
+    MAX_SCANNED_CHARS,
+    VERBS,
+    is_bot_comment,
+    parse_commands,
+)
 
 
 def verbs(body: str) -> list[tuple[str, str | None]]:

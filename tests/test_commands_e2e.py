@@ -20,7 +20,9 @@ from sqlalchemy import text
 
 from bot.app import create_app
 from bot.clock import VirtualClock
-from bot.commands_worker import (
+from bot.commands.decide import REPLY_MARKER
+from bot.commands.inbox import CommandInbox
+from bot.commands.worker import (
     COMMAND_WORKER_KEY,
     CommandWorker,
     CommandWorkerSettings,
@@ -42,9 +44,7 @@ from bot.forges.github import GitHubClient
 from bot.forges.gitlab import GitLabClient
 from bot.model import ChunkState, JobState, Level
 from bot.policy import load_policy_book
-from bot.queue.commands_sql import CommandInbox
 from bot.queue.store import HistoryEntry, QueueStore
-from bot.slash import REPLY_MARKER
 from tests.factories import plans
 from tests.webhook_fixtures import (
     COMMENT_PLACEHOLDER,

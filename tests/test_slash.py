@@ -8,11 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bot.config import DEFAULT_POLICY_DIR
-from bot.forges.base import PERMISSIONS, Permission
-from bot.model import Command, Job, JobId, JobState, Level
-from bot.policy import load_policy_book, parse_policy
-from bot.slash import (
+from bot.commands.decide import (
     REPLY_MARKER,
     SlashRules,
     Standing,
@@ -24,6 +20,10 @@ from bot.slash import (
     has_permission,
     render_reply,
 )
+from bot.config import DEFAULT_POLICY_DIR
+from bot.forges.base import PERMISSIONS, Permission
+from bot.model import Command, Job, JobId, JobState, Level
+from bot.policy import load_policy_book, parse_policy
 
 NOW = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 RULES = SlashRules()

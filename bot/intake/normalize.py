@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from bot.commands import is_bot_comment, parse_commands
+from bot.commands.parse import is_bot_comment, parse_commands
 from bot.errors import WebhookError
 from bot.intake.verify import Delivery
 from bot.model import Command, Forge, ReviewRequest

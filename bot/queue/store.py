@@ -35,7 +35,7 @@ from bot.queue import statements as sql
 log = logging.getLogger(__name__)
 
 QUEUE_CHANNEL = "review_bot_queue"
-COMMAND_CHANNEL = "review_bot_commands"  # wakes the command worker (bot.commands_worker)
+COMMAND_CHANNEL = "review_bot_commands"  # wakes the command worker (bot.commands.worker)
 
 
 @dataclass(frozen=True, slots=True)

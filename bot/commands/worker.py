@@ -14,19 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.clock import Clock
-from bot.errors import ForgeError, StoreError
-from bot.forges.base import ForgeClient, Permission, Reaction
-from bot.model import TERMINAL_JOB_STATES, Command, Forge, Job, ReviewRequest
-from bot.outage import OutageWatch
-from bot.policy import PolicyBook, evaluate
-from bot.queue.commands_sql import (
-    DONE_OUTCOME,
-    FAILED_OUTCOME,
-    ClaimedDelivery,
-    CommandInbox,
-)
-from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for
-from bot.slash import (
+from bot.commands.decide import (
     CommandDecision,
     SlashRules,
     Standing,
@@ -34,6 +22,18 @@ from bot.slash import (
     estimate_start_s,
     render_reply,
 )
+from bot.commands.inbox import (
+    DONE_OUTCOME,
+    FAILED_OUTCOME,
+    ClaimedDelivery,
+    CommandInbox,
+)
+from bot.errors import ForgeError, StoreError
+from bot.forges.base import ForgeClient, Permission, Reaction
+from bot.model import TERMINAL_JOB_STATES, Command, Forge, Job, ReviewRequest
+from bot.outage import OutageWatch
+from bot.policy import PolicyBook, evaluate
+from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for
 
 log = logging.getLogger(__name__)
 

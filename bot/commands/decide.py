@@ -16,7 +16,7 @@ from bot.policy import CommandRules, Policy, compile_glob
 Action = Literal["set_level", "requeue", "cancel", "status", "help", "refuse"]
 Outcome = Literal["accepted", "refused", "unchanged"]
 
-# Our replies carry this marker, so the parser (bot.commands.BOT_MARKER) never reads them back.
+# Our replies carry this marker, so the parser (parse.BOT_MARKER) never reads them back.
 REPLY_MARKER = "<!-- review-bot:command -->"
 MAX_ECHO_CHARS = 120
 DEFAULT_P0_TRIGGER = "a policy trigger (a change into a hotfix branch)"
