@@ -83,6 +83,11 @@ class Settings:
     llm_max_num_seqs: int | None = None
     # First pause after the database is lost; doubles (with jitter) up to 30 s while it is away.
     outage_backoff_s: float = 1.0
+    # Quiet reviews: a review after the first covers what changed, says nothing twice and
+    # keeps one summary; off, every push gets a full review with its own summary.
+    quiet_reviews: bool = True
+    min_inline_severity: str = "info"
+    inline_cap: int = 50
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)
 
@@ -169,6 +174,15 @@ def _response_format(raw: str | None) -> str | None:
     return lowered
 
 
+def _severity(raw: str | None) -> str:
+    value = (raw or "info").strip().lower()
+    if value not in ("critical", "major", "minor", "info"):
+        raise ConfigError(
+            f"REVIEW_BOT_MIN_INLINE_SEVERITY must be critical, major, minor or info, got {raw!r}"
+        )
+    return value
+
+
 def _secret(environ: Mapping[str, str], name: str) -> str | None:
     """Read NAME, or the file named by NAME_FILE (for Docker/Kubernetes secrets)."""
     value = environ.get(name)
@@ -247,6 +261,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         window=window,
         llm_max_num_seqs=max_num_seqs,
         outage_backoff_s=outage_backoff_s,
+        quiet_reviews=_bool(env, "REVIEW_BOT_QUIET", True),
+        min_inline_severity=_severity(env.get("REVIEW_BOT_MIN_INLINE_SEVERITY")),
+        inline_cap=_int(env, "REVIEW_BOT_INLINE_CAP", 50),
         scheduler=scheduler,
         alerts=alerts,
     )

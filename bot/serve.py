@@ -24,6 +24,7 @@ from bot.outage import OutageWatch
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.poster import ReviewPipeline
+from bot.review.quiet_post import quiet_posting
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings, ForgePlanner
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,9 @@ async def serve(
             )
         if role in ("dispatcher", "all"):
             backend = create_backend(settings)
-            pipeline = ReviewPipeline(store, forges, policies, metrics=metrics)
+            pipeline = ReviewPipeline(
+                store, forges, policies, metrics=metrics, quiet=quiet_posting(settings, store)
+            )
             dispatcher = Dispatcher(
                 store,
                 backend,

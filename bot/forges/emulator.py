@@ -2053,3 +2053,10 @@ def run_emulator(port: int, host: str = "127.0.0.1") -> int:
     """`bot emulator --port N`: serve a seeded emulator until interrupted; returns an exit code."""
     asyncio.run(serve_emulator(port, host=host))
     return 0
+
+
+# Quiet reviews' routes (comment edits, discussion resolution, compare, contents) live in their
+# own module; it builds on the helpers above.
+from bot.forges.emulator_quiet import QUIET_ROUTES  # noqa: E402
+
+ROUTES = (*ROUTES, *QUIET_ROUTES)

@@ -211,3 +211,31 @@ alerts = Table(
     UniqueConstraint("job_id"),
     Index("ix_alerts_fired_at", "fired_at"),
 )
+
+# Created by migration 0016: what reviews said on each pull request, so nothing is said twice.
+FINDING_STATES = ["open", "resolved"]
+review_findings = Table(
+    "review_findings",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("forge", Text, nullable=False),
+    Column("repo", Text, nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("fingerprint", Text, nullable=False),
+    Column("path", Text, nullable=False),
+    Column("line", Integer, nullable=False),
+    Column("side", Text, nullable=False),
+    Column("severity", Text, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("anchor_text", Text),
+    Column("state", Text, nullable=False),
+    Column("inline", Boolean, nullable=False, server_default=text("true")),
+    Column("forge_ref", Text),
+    Column("first_job_id", BigInteger, nullable=False),
+    Column("last_job_id", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("resolved_at", DateTime(timezone=True)),
+    CheckConstraint(_in_list("state", FINDING_STATES), name="state"),
+    UniqueConstraint("forge", "repo", "number", "fingerprint"),
+)

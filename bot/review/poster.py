@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bot.clock import Clock
 from bot.diff import commentable_positions
@@ -33,6 +33,9 @@ from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.parse import parse_review
 from bot.review.planner import PlanningSettings, plan_next_jobs
 from bot.sched.mlfq import ServiceEstimator
+
+if TYPE_CHECKING:
+    from bot.review.quiet_post import QuietPosting
 
 log = logging.getLogger(__name__)
 
@@ -282,8 +285,10 @@ class ReviewPipeline:
         posting: PostingSettings | None = None,
         plan_limit: int = 20,
         metrics: Metrics | None = None,
+        quiet: QuietPosting | None = None,
     ) -> None:
         self.metrics = metrics
+        self.quiet = quiet
         self.store = store
         self.forges = forges
         self.policy = policy
@@ -309,9 +314,7 @@ class ReviewPipeline:
 
     async def job_completed(self, job_id: int, now: datetime) -> None:
         """Post a job whose last chunk finished (the dispatcher's `on_job_complete`)."""
-        outcome = await post_job_review(
-            self.store, self.forges, job_id, now=now, settings=self.posting
-        )
+        outcome = await self.post(job_id, now)
         if self.metrics is None:
             return
         job = await self.store.get_job(job_id)
@@ -325,9 +328,25 @@ class ReviewPipeline:
                 job.base_level, (job.finished_at - ready).total_seconds()
             )
 
+    async def post(self, job_id: int, now: datetime) -> PostingOutcome:
+        """Post one finished job: quietly (new findings, one living summary) when configured."""
+        if self.quiet is None:
+            return await post_job_review(
+                self.store, self.forges, job_id, now=now, settings=self.posting
+            )
+        # Imported here: quiet posting builds on this module's rendering and outcomes.
+        from bot.review.quiet_post import post_quiet_review
+
+        return await post_quiet_review(
+            self.store, self.quiet, self.forges, job_id, now=now, settings=self.posting
+        )
+
     async def recover(self, now: datetime) -> list[PostingOutcome]:
         """Post what a crash left unposted, and deferred posts whose retry time came."""
-        return await post_unposted(self.store, self.forges, now=now, settings=self.posting)
+        return [
+            await self.post(job.id, now)
+            for job in await self.store.unposted_jobs(limit=20, now=now)
+        ]
 
     async def run_recovery(
         self,

@@ -1,0 +1,281 @@
+"""The forge calls quiet reviews need: the one living summary, inline findings, resolving them.
+
+Each adapter goes through its client's one call path (auth, pacing, error translation,
+retries), so these calls behave exactly like the client's own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import gitlab
+
+from bot.errors import ForgeError
+from bot.forges.base import ForgeClient, ReviewToPost, append_marker
+from bot.forges.github import GitHubClient, split_repo
+from bot.forges.gitlab import GitLabClient, build_position
+from bot.review.living_summary import SUMMARY_MARKER
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryComment:
+    """The pull request's living summary as the forge holds it."""
+
+    id: int
+    body: str
+
+
+@dataclass(frozen=True, slots=True)
+class PostedFindings:
+    """What posting inline findings did: a forge reference per placed comment, by index."""
+
+    refs: Mapping[int, str | None]
+    rejected: tuple[int, ...] = ()
+    review_id: int | None = None
+    already_posted: bool = False
+
+
+class QuietForge(Protocol):
+    """Summary, inline findings and resolution on one forge."""
+
+    async def find_summary(self, repo: str, number: int) -> SummaryComment | None: ...
+
+    async def create_summary(self, repo: str, number: int, body: str) -> int: ...
+
+    async def edit_summary(self, repo: str, number: int, comment_id: int, body: str) -> None: ...
+
+    async def post_findings(
+        self, repo: str, number: int, review: ReviewToPost
+    ) -> PostedFindings: ...
+
+    async def resolve_finding(self, repo: str, number: int, ref: str) -> bool: ...
+
+
+def with_summary_marker(body: str) -> str:
+    """The summary body with its hidden marker first (found again after a crash)."""
+    return body if SUMMARY_MARKER in body else f"{SUMMARY_MARKER}\n{body}"
+
+
+class GitHubQuiet:
+    """GitHub: the summary is an issue comment; findings go out as one review."""
+
+    def __init__(self, client: GitHubClient) -> None:
+        self.client = client
+
+    async def find_summary(self, repo: str, number: int) -> SummaryComment | None:
+        """Our summary comment on the PR (by its marker), or None."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "number": str(number)}
+        api = self.client._api
+
+        async def search(token: str) -> SummaryComment | None:
+            async for item in api.getiter(
+                "/repos/{owner}/{repo}/issues/{number}/comments?per_page=100",
+                url_vars,
+                oauth_token=token,
+            ):
+                body = str(item.get("body") or "")
+                if SUMMARY_MARKER in body:
+                    return SummaryComment(int(item["id"]), body)
+            return None
+
+        return await self.client._call("find_summary", search, repo=repo)
+
+    async def create_summary(self, repo: str, number: int, body: str) -> int:
+        """Post the summary comment; a retried POST looks for it first."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "number": str(number)}
+        api = self.client._api
+
+        async def create(token: str) -> int:
+            answer = await api.post(
+                "/repos/{owner}/{repo}/issues/{number}/comments",
+                url_vars,
+                data={"body": with_summary_marker(body)},
+                oauth_token=token,
+            )
+            return int(answer["id"])
+
+        async def recheck() -> int | None:
+            found = await self.find_summary(repo, number)
+            return found.id if found is not None else None
+
+        return await self.client._call(
+            "create_summary", create, repo=repo, creates_content=True, recheck=recheck
+        )
+
+    async def edit_summary(self, repo: str, number: int, comment_id: int, body: str) -> None:
+        """Edit the summary comment in place (no notification for an edit)."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "comment_id": str(comment_id)}
+        api = self.client._api
+
+        async def edit(token: str) -> None:
+            await api.patch(
+                "/repos/{owner}/{repo}/issues/comments/{comment_id}",
+                url_vars,
+                data={"body": with_summary_marker(body)},
+                oauth_token=token,
+            )
+
+        await self.client._call("edit_summary", edit, repo=repo, creates_content=True)
+
+    async def post_findings(self, repo: str, number: int, review: ReviewToPost) -> PostedFindings:
+        """One review with the inline comments (the client's idempotent post)."""
+        posted = await self.client.post_review(repo, number, review)
+        rejected = tuple(range(len(review.comments))) if posted.summary_only else ()
+        refs = {} if posted.summary_only else dict.fromkeys(range(len(review.comments)))
+        return PostedFindings(
+            refs=refs,
+            rejected=rejected,
+            review_id=posted.id,
+            already_posted=posted.already_posted,
+        )
+
+    async def resolve_finding(self, repo: str, number: int, ref: str) -> bool:
+        """GitHub has no resolving by REST: the summary says it is resolved."""
+        return False
+
+
+class GitLabQuiet:
+    """GitLab: the summary is a note; each finding is a discussion the bot resolves itself."""
+
+    def __init__(self, client: GitLabClient) -> None:
+        self.client = client
+
+    def _base(self, repo: str, number: int) -> str:
+        return f"/projects/{self.client._project(repo)}/merge_requests/{number}"
+
+    async def find_summary(self, repo: str, number: int) -> SummaryComment | None:
+        """Our summary note on the MR (by its marker), or None."""
+        for note in await self.client._list_notes(repo, number):
+            body = str(note.get("body") or "")
+            if SUMMARY_MARKER in body and note.get("type") != "DiffNote":
+                return SummaryComment(int(note["id"]), body)
+        return None
+
+    async def create_summary(self, repo: str, number: int, body: str) -> int:
+        """Post the summary note; a retried POST looks for it first."""
+        path = f"{self._base(repo, number)}/notes"
+        marked = with_summary_marker(body)
+
+        def create(gl: gitlab.Gitlab) -> int:
+            answer = gl.http_post(path, post_data={"body": marked}, obey_rate_limit=False)
+            return int(cast(dict[str, Any], answer)["id"])
+
+        async def recheck() -> int | None:
+            found = await self.find_summary(repo, number)
+            return found.id if found is not None else None
+
+        return await self.client._call("create_summary", create, recheck=recheck)
+
+    async def edit_summary(self, repo: str, number: int, comment_id: int, body: str) -> None:
+        """Edit the summary note in place."""
+        path = f"{self._base(repo, number)}/notes/{comment_id}"
+        marked = with_summary_marker(body)
+
+        def edit(gl: gitlab.Gitlab) -> None:
+            gl.http_put(path, post_data={"body": marked}, obey_rate_limit=False)
+
+        await self.client._call("edit_summary", edit)
+
+    async def _discussions(self, repo: str, number: int) -> list[dict[str, Any]]:
+        path = f"{self._base(repo, number)}/discussions"
+
+        def read(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
+            return cast(
+                list[dict[str, Any]],
+                gl.http_list(path, get_all=True, per_page=100, obey_rate_limit=False),
+            )
+
+        return await self.client._call("list_discussions", read)
+
+    async def post_findings(self, repo: str, number: int, review: ReviewToPost) -> PostedFindings:
+        """One discussion per finding on its diff line; what a retry finds posted is kept."""
+        existing: dict[tuple[str, str | None], str] = {}
+        for discussion in await self._discussions(repo, number):
+            notes = discussion.get("notes") or []
+            if notes:
+                first = notes[0]
+                position = first.get("position") or {}
+                key = (str(first.get("body") or ""), position.get("new_path"))
+                existing[key] = str(discussion["id"])
+        base_sha, start_sha, head_sha = await self.client._shas(repo, number, review)
+        lines = self.client._diffs.get((repo, number, head_sha))
+        if lines is None and review.comments:
+            await self.client.fetch_changes(repo, number)
+            lines = self.client._diffs.get((repo, number, head_sha), {})
+        path = f"{self._base(repo, number)}/discussions"
+        refs: dict[int, str | None] = {}
+        rejected: list[int] = []
+        for index, comment in enumerate(review.comments):
+            body = append_marker(comment.body, review.job_id)
+            known = existing.get((body, comment.path))
+            if known is not None:
+                refs[index] = known
+                continue
+            position = build_position(
+                comment,
+                base_sha=base_sha,
+                start_sha=start_sha,
+                head_sha=head_sha,
+                lines=(lines or {}).get(comment.path),
+            )
+
+            def create(gl: gitlab.Gitlab, body: str = body, position: Any = position) -> str:
+                answer = gl.http_post(
+                    path, post_data={"body": body, "position": position}, obey_rate_limit=False
+                )
+                return str(cast(dict[str, Any], answer)["id"])
+
+            try:
+                refs[index] = await self.client._call("create_discussion", create)
+            except ForgeError as exc:
+                if exc.status != 400:
+                    raise
+                log.warning(
+                    "GitLab refused a position on %s:%s for job %s: %s",
+                    comment.path,
+                    comment.line,
+                    review.job_id,
+                    exc,
+                    extra={"action": "finding_position_refused", "job_id": review.job_id},
+                )
+                rejected.append(index)
+        return PostedFindings(refs=refs, rejected=tuple(rejected))
+
+    async def resolve_finding(self, repo: str, number: int, ref: str) -> bool:
+        """Resolve the bot's own discussion of a finding whose code is gone."""
+        path = f"{self._base(repo, number)}/discussions/{ref}"
+
+        def resolve(gl: gitlab.Gitlab) -> None:
+            gl.http_put(path, post_data={"resolved": True}, obey_rate_limit=False)
+
+        await self.client._call("resolve_discussion", resolve)
+        return True
+
+
+def quiet_forge_for(client: ForgeClient) -> QuietForge | None:
+    """The quiet-review adapter of a configured forge client, or None for another kind."""
+    if isinstance(client, GitHubClient):
+        return GitHubQuiet(client)
+    if isinstance(client, GitLabClient):
+        return GitLabQuiet(client)
+    return None
+
+
+__all__ = [
+    "SUMMARY_MARKER",
+    "GitHubQuiet",
+    "GitLabQuiet",
+    "PostedFindings",
+    "QuietForge",
+    "SummaryComment",
+    "quiet_forge_for",
+    "with_summary_marker",
+]

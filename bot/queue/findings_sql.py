@@ -1,0 +1,86 @@
+"""The findings store's SQL, named, each with its intent. `now` is always a parameter."""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+
+def _sql(statement: str) -> TextClause:
+    return text(statement)
+
+
+# Everything earlier reviews recorded on one pull request, in the order it was first said.
+SELECT_FINDINGS_OF_PULL = _sql(
+    """
+    SELECT * FROM review_findings
+    WHERE forge = :forge AND repo = :repo AND number = :number
+    ORDER BY id
+    """
+)
+
+# Record findings a review said (or said again after their code came back): open, with the
+# job that said them last; a discussion id already known is kept when the new one is unknown.
+UPSERT_FINDINGS = _sql(
+    """
+    INSERT INTO review_findings (forge, repo, number, fingerprint, path, line, side, severity,
+                                 body, anchor_text, state, inline, forge_ref, first_job_id,
+                                 last_job_id, created_at, updated_at)
+    SELECT :forge, :repo, :number, item.fingerprint, item.path, item.line, item.side,
+           item.severity, item.body, item.anchor_text, 'open', item.inline, item.forge_ref,
+           :job_id, :job_id, :now, :now
+    FROM jsonb_to_recordset(CAST(:findings AS jsonb)) AS item(
+        fingerprint text, path text, line int, side text, severity text, body text,
+        anchor_text text, inline boolean, forge_ref text)
+    ON CONFLICT (forge, repo, number, fingerprint) DO UPDATE
+    SET state = 'open', resolved_at = NULL, line = EXCLUDED.line, last_job_id = :job_id,
+        inline = review_findings.inline OR EXCLUDED.inline,
+        forge_ref = COALESCE(EXCLUDED.forge_ref, review_findings.forge_ref),
+        updated_at = :now
+    """
+)
+
+# Findings whose code is gone: resolved by the review that noticed.
+RESOLVE_FINDINGS = _sql(
+    """
+    UPDATE review_findings
+    SET state = 'resolved', resolved_at = :now, updated_at = :now, last_job_id = :job_id
+    WHERE forge = :forge AND repo = :repo AND number = :number
+      AND fingerprint = ANY(CAST(:fingerprints AS text[])) AND state = 'open'
+    RETURNING fingerprint
+    """
+)
+
+# The reviews of one pull request that were posted, oldest first (what the summary lists).
+SELECT_REVIEWED_HEADS = _sql(
+    """
+    SELECT id, head_sha, finished_at, request->'increment' AS increment
+    FROM review_jobs
+    WHERE forge = :forge AND repo = :repo AND number = :number AND state = 'done'
+    ORDER BY finished_at, id
+    """
+)
+
+# The newest posted review of a pull request other than :job_id: the head a next review
+# starts from.
+SELECT_LAST_REVIEWED = _sql(
+    """
+    SELECT id, head_sha, finished_at, request->'increment' AS increment
+    FROM review_jobs
+    WHERE forge = :forge AND repo = :repo AND number = :number AND state = 'done'
+      AND id <> :job_id
+    ORDER BY finished_at DESC, id DESC
+    LIMIT 1
+    """
+)
+
+# Another review of the same pull request that is underway (planned and started, or with
+# every chunk done but not posted): a newer one plans after it, from the head it reviewed.
+SELECT_REVIEW_UNDERWAY = _sql(
+    """
+    SELECT id FROM review_jobs
+    WHERE forge = :forge AND repo = :repo AND number = :number AND id < :job_id
+      AND state = 'running'
+    ORDER BY id
+    LIMIT 1
+    """
+)

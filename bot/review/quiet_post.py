@@ -1,0 +1,361 @@
+"""Post a finished review quietly: only new findings inline, resolutions, one living summary.
+
+The decisions are pure (bot.review.quiet_plan, bot.review.living_summary); this module reads
+what they need, calls the forge and records what was said. Idempotent like posting: the job's
+marker on the inline findings and the summary's marker find what a crash left posted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from bot.config import Settings
+from bot.errors import ForgeError, ForgeNotFound
+from bot.forges.base import ForgeClient, InlineComment, ReviewToPost
+from bot.forges.quiet import PostedFindings, QuietForge, quiet_forge_for
+from bot.model import TERMINAL_JOB_STATES, Job, JobState
+from bot.queue.findings import FindingStore, FindingToRecord, PullRef
+from bot.queue.store import QueueStore
+from bot.review.assemble import AssembledReview, SkippedFile, assemble_review
+from bot.review.deferral import RetryBudget, defer_or_fail
+from bot.review.fingerprint import FingerprintedFinding, fingerprint_findings, patches_of
+from bot.review.living_summary import (
+    ListedFinding,
+    ReviewedCommit,
+    SummaryFacts,
+    render_living_summary,
+)
+from bot.review.poster import PostingOutcome, PostingSettings, render_comment, review_chunk_of
+from bot.review.quiet_plan import QuietDecision, QuietSettings, StoredFinding, decide_quiet_review
+
+log = logging.getLogger(__name__)
+
+# Every finding goes through the quiet decision; the inline cap applies there.
+ALL_FINDINGS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class QuietPosting:
+    """What quiet posting needs besides the queue: the findings store and the server defaults."""
+
+    findings: FindingStore
+    settings: QuietSettings = field(default_factory=QuietSettings)
+
+
+def quiet_posting(settings: Settings, store: QueueStore) -> QuietPosting | None:
+    """Quiet posting as the settings configure it (None: every push reviewed in full)."""
+    if not settings.quiet_reviews:
+        return None
+    return QuietPosting(
+        FindingStore(store.engine),
+        QuietSettings(
+            min_inline_severity=settings.min_inline_severity, inline_cap=settings.inline_cap
+        ),
+    )
+
+
+def settings_for(job: Job, defaults: QuietSettings) -> QuietSettings:
+    """The server defaults, with what the repository's settings file set for this job."""
+    chosen: Mapping[str, Any] = job.request.get("quiet") or {}
+    try:
+        return QuietSettings(
+            min_inline_severity=str(
+                chosen.get("min_inline_severity", defaults.min_inline_severity)
+            ),
+            inline_cap=int(chosen.get("inline_cap", defaults.inline_cap)),
+        )
+    except (TypeError, ValueError):
+        return defaults
+
+
+def listed(item: FingerprintedFinding, note: str = "") -> ListedFinding:
+    finding = item.finding
+    return ListedFinding(finding.path, finding.line, finding.severity, finding.body, note)
+
+
+def listed_stored(item: StoredFinding) -> ListedFinding:
+    return ListedFinding(item.path, item.line, item.severity, item.body)
+
+
+def inline_review(job: Job, decision: QuietDecision) -> ReviewToPost:
+    """The inline comments of the new findings, as one review (GitHub) or discussions."""
+    diff: Mapping[str, Any] = job.request.get("diff") or {}
+    head_sha = str(diff.get("head_sha") or job.head_sha)
+    count = len(decision.inline)
+    body = (
+        f"review-bot: {count} new finding{'s' if count != 1 else ''} on commit "
+        f"`{head_sha[:12]}`; the summary comment is kept up to date."
+    )
+    return ReviewToPost(
+        job_id=job.id,
+        body=body,
+        comments=tuple(
+            InlineComment(
+                path=item.finding.path,
+                line=item.finding.line,
+                side=item.finding.side,
+                body=render_comment(item.finding.severity, item.finding.body),
+            )
+            for item in decision.inline
+        ),
+        head_sha=head_sha,
+        base_sha=str(diff["base_sha"]) if diff.get("base_sha") else None,
+        start_sha=str(diff["start_sha"]) if diff.get("start_sha") else None,
+    )
+
+
+def findings_to_record(
+    decision: QuietDecision, posted: PostedFindings | None
+) -> list[FindingToRecord]:
+    """The new findings as the store keeps them; refused inline ones count as summary-only."""
+    rejected = set(posted.rejected) if posted is not None else set()
+    refs = posted.refs if posted is not None else {}
+    records: list[FindingToRecord] = []
+    for index, item in enumerate(decision.inline):
+        ref = refs.get(index)
+        records.append(_record(item, inline=index not in rejected, ref=ref))
+    records.extend(_record(item, inline=False, ref=None) for item in decision.summary_only)
+    return records
+
+
+def _record(item: FingerprintedFinding, *, inline: bool, ref: str | None) -> FindingToRecord:
+    finding = item.finding
+    return FindingToRecord(
+        fingerprint=item.fingerprint,
+        path=finding.path,
+        line=finding.line,
+        side=finding.side,
+        severity=finding.severity,
+        body=finding.body,
+        anchor_text=item.anchor_text,
+        inline=inline,
+        forge_ref=ref,
+    )
+
+
+def summary_facts(
+    job: Job,
+    assembled: AssembledReview,
+    decision: QuietDecision,
+    *,
+    commits: Sequence[ReviewedCommit],
+    rejected: int,
+    settings: QuietSettings,
+) -> SummaryFacts:
+    """What the living summary says after this review (pure)."""
+    increment: Mapping[str, Any] = job.request.get("increment") or {}
+    mode = str(increment.get("mode") or "full")
+    reason = str(increment.get("reason") or "the whole pull request")
+    floor_note = f"summary only: below {settings.min_inline_severity}"
+    new = [listed(item) for item in decision.inline]
+    over_cap = {item.fingerprint for item in decision.summary_only[: decision.over_cap]}
+    for item in decision.summary_only:
+        note = "summary only: over the inline cap" if item.fingerprint in over_cap else floor_note
+        new.append(listed(item, note))
+    open_findings = [*new, *(listed_stored(item) for item in decision.still_open)]
+    notes: list[str] = []
+    if not assembled.complete:
+        names = ", ".join(assembled.incomplete_paths) or "some files"
+        notes.append(f"**Partial review:** {names} could not be reviewed (a part failed).")
+    if rejected:
+        notes.append(f"{rejected} finding(s) could not be placed on the diff; listed below.")
+    if assembled.dropped:
+        notes.append(f"{assembled.dropped} suggested comment(s) were dropped as invalid.")
+    notes.extend(str(note) for note in job.request.get("settings_notes") or ())
+    skipped = [*assembled.skipped]
+    skipped.extend(
+        SkippedFile(str(item["path"]), str(item["reason"]))
+        for item in increment.get("unchanged", ())
+    )
+    return SummaryFacts(
+        head_sha=str((job.request.get("diff") or {}).get("head_sha") or job.head_sha),
+        mode=mode,
+        mode_reason=reason,
+        level=str(job.level),
+        level_reasons=list(job.reasons),
+        new=new,
+        resolved=[listed_stored(item) for item in decision.resolved],
+        open_findings=open_findings,
+        repeated=len(decision.repeated),
+        skipped=skipped,
+        commits=commits,
+        notes=notes,
+        job_id=job.id,
+    )
+
+
+async def upsert_summary(quiet: QuietForge, job: Job, body: str) -> int:
+    """Edit the pull request's summary in place, or create it the first time."""
+    existing = await quiet.find_summary(job.repo, job.number)
+    if existing is None:
+        return await quiet.create_summary(job.repo, job.number, body)
+    if existing.body.strip() != body.strip():
+        await quiet.edit_summary(job.repo, job.number, existing.id, body)
+    return existing.id
+
+
+async def post_quiet_review(
+    store: QueueStore,
+    posting: QuietPosting,
+    forges: Mapping[str, ForgeClient],
+    job_id: int,
+    *,
+    now: datetime,
+    settings: PostingSettings | None = None,
+) -> PostingOutcome:
+    """Post a finished job's review quietly, then end the job; forge errors as posting does."""
+    settings = settings or PostingSettings()
+    job = await store.get_job(job_id)
+    if job is None:
+        return PostingOutcome(job_id, "skipped", detail="no such job")
+    if job.state in TERMINAL_JOB_STATES:
+        return PostingOutcome(job_id, "skipped", detail=f"job is {job.state}: not posted")
+    if not job.planned or job.chunks_done < job.chunks_total:
+        return PostingOutcome(job_id, "skipped", detail="chunks are still running")
+    client = forges.get(job.forge)
+    quiet = quiet_forge_for(client) if client is not None else None
+    if client is None or quiet is None:
+        error = f"no {job.forge} client is configured: the review cannot be posted"
+        await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
+        return PostingOutcome(job_id, "failed", detail=error)
+    if not await store.claim_posting(
+        job.id, owner=settings.owner, now=now, lease_s=settings.claim_s
+    ):
+        return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
+    context = {"job_id": job.id, "forge": job.forge}
+    try:
+        record = await _post(store, posting, client, quiet, job, now=now)
+    except ForgeNotFound as exc:
+        reason = f"the change is gone on {job.forge}: {exc}"
+        await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason)
+        log.warning(
+            "job %s cancelled: %s", job.id, reason, extra={"action": "post_gone", **context}
+        )
+        return PostingOutcome(job_id, "cancelled", detail=reason)
+    except ForgeError as exc:
+        result, detail = await defer_or_fail(
+            store,
+            job,
+            exc,
+            now=now,
+            stage="posting",
+            message=f"posting the review failed: {exc}",
+            budget=RetryBudget(settings.max_attempts, settings.backoff_s, settings.max_backoff_s),
+        )
+        return PostingOutcome(job.id, result, detail=detail)
+    if record is None:
+        return PostingOutcome(job_id, "skipped", detail="the job ended while posting")
+    await store.finish_job(job.id, now=now, state=JobState.DONE, review=record)
+    log.info(
+        "job %s: %d new inline, %d summary only, %d said before, %d resolved",
+        job.id,
+        record["inline_posted"],
+        record["summary_only_findings"],
+        record["repeated"],
+        record["resolved"],
+        extra={"action": "quiet_review_posted", **context},
+    )
+    return PostingOutcome(job_id, "posted", review_id=record.get("forge_review_id"))
+
+
+async def _post(
+    store: QueueStore,
+    posting: QuietPosting,
+    client: ForgeClient,
+    quiet: QuietForge,
+    job: Job,
+    *,
+    now: datetime,
+) -> dict[str, Any] | None:
+    chunks = await store.chunk_results(job.id)
+    assembled = assemble_review(
+        [review_chunk_of(chunk) for chunk in chunks],
+        skipped=list(job.request.get("skipped") or ()),
+        max_comments=ALL_FINDINGS,
+    )
+    patches = patches_of(file for chunk in chunks for file in chunk.files)
+    fingerprinted = fingerprint_findings(assembled.findings, patches)
+    pull = PullRef(job.forge, job.repo, job.number)
+    stored = await posting.findings.findings_of(pull)
+    current = await client.fetch_changes(
+        job.repo,
+        job.number,
+        project_id=job.request.get("project_id"),
+        installation_id=job.request.get("installation_id"),
+    )
+    quiet_settings = settings_for(job, posting.settings)
+    decision = decide_quiet_review(
+        fingerprinted,
+        stored,
+        {item.path: item.patch for item in current.files},
+        settings=quiet_settings,
+        job_id=job.id,
+    )
+    latest = await store.get_job(job.id)
+    if latest is None or latest.state in TERMINAL_JOB_STATES:
+        return None
+    posted: PostedFindings | None = None
+    if decision.inline:
+        posted = await quiet.post_findings(job.repo, job.number, inline_review(job, decision))
+    await posting.findings.record(
+        pull, findings_to_record(decision, posted), job_id=job.id, now=now
+    )
+    resolved = await posting.findings.resolve(
+        pull, [item.fingerprint for item in decision.resolved], job_id=job.id, now=now
+    )
+    threads_resolved = 0
+    for item in decision.resolved:
+        if item.forge_ref and item.fingerprint in resolved:
+            threads_resolved += await quiet.resolve_finding(job.repo, job.number, item.forge_ref)
+    heads = await posting.findings.reviewed_heads(pull)
+    commits = [
+        ReviewedCommit(head.head_sha, str((head.increment or {}).get("mode") or "full"))
+        for head in heads
+        if head.job_id != job.id
+    ]
+    increment: Mapping[str, Any] = job.request.get("increment") or {}
+    commits.append(ReviewedCommit(job.head_sha, str(increment.get("mode") or "full")))
+    rejected = len(posted.rejected) if posted is not None else 0
+    body = render_living_summary(
+        summary_facts(
+            job,
+            assembled,
+            decision,
+            commits=commits,
+            rejected=rejected,
+            settings=quiet_settings,
+        )
+    )
+    summary_id = await upsert_summary(quiet, job, body)
+    return {
+        "forge_review_id": posted.review_id if posted is not None else None,
+        "summary_comment_id": summary_id,
+        "inline_posted": len(decision.inline) - rejected,
+        "inline_rejected": rejected,
+        "summary_only_findings": len(decision.summary_only),
+        "repeated": len(decision.repeated),
+        "resolved": len(decision.resolved),
+        "threads_resolved": threads_resolved,
+        "open": decision.open_count,
+        "findings": len(fingerprinted),
+        "counts": dict(assembled.counts),
+        "complete": assembled.complete,
+        "skipped": len(assembled.skipped),
+        "summary": body,
+    }
+
+
+__all__ = [
+    "QuietPosting",
+    "findings_to_record",
+    "inline_review",
+    "post_quiet_review",
+    "quiet_posting",
+    "settings_for",
+    "summary_facts",
+    "upsert_summary",
+]

@@ -1,0 +1,275 @@
+"""Quiet reviews end to end: signed webhooks into the real aiohttp app, a real PostgreSQL, the
+forge emulator, the real planner, simulated model and quiet poster, push after push.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from bot.app import create_app
+from bot.clock import VirtualClock
+from bot.config import DEFAULT_POLICY_DIR
+from bot.forges.emulator import (
+    EmulatedPull,
+    ForgeEmulator,
+    build_github_pull_request_event,
+    build_gitlab_merge_request_event,
+    send_webhook,
+)
+from bot.forges.registry import ForgeRegistry
+from bot.llm.simulated import SimulatedBackend
+from bot.model import FileChange, JobState
+from bot.policy import load_policy_book
+from bot.queue.findings import FindingStore, PullRef
+from bot.queue.store import QueueStore
+from bot.review.living_summary import SUMMARY_MARKER
+from bot.review.poster import ReviewPipeline
+from bot.review.quiet_post import QuietPosting
+from bot.sched.mlfq import ServiceEstimator
+from tests.conftest import shared_dir
+from tests.pipeline_helpers import emulator_forges, emulator_state, forge_settings, run_all_chunks
+
+SECRET = "quiet-webhook-secret"
+GITLAB_SECRET = "quiet-gitlab-token"
+
+HANDLER_V1 = FileChange(
+    path="app/handler.py",
+    additions=4,
+    deletions=1,
+    patch="\n".join(
+        [
+            "@@ -1,3 +1,6 @@",
+            " def handle(event):",
+            "-    return None",
+            "+    print(event)",
+            "+    # TODO remove before release",
+            '+    token = "hunter2-not-a-real-secret"',
+            "+    return event",
+            " ",
+        ]
+    ),
+)
+# The TODO is gone; the rest of the file's change is as before.
+HANDLER_V2 = FileChange(
+    path="app/handler.py",
+    additions=3,
+    deletions=1,
+    patch="\n".join(
+        [
+            "@@ -1,3 +1,5 @@",
+            " def handle(event):",
+            "-    return None",
+            "+    print(event)",
+            '+    token = "hunter2-not-a-real-secret"',
+            "+    return event",
+            " ",
+        ]
+    ),
+)
+UTILS = FileChange(
+    path="app/utils.py",
+    additions=2,
+    deletions=0,
+    patch="@@ -1,2 +1,4 @@\n import os\n+def home() -> str:\n+    return os.environ['HOME']\n ",
+)
+
+
+def load_fixture(forge: str, name: str) -> dict[str, Any]:
+    path = shared_dir() / "fixtures" / forge / name
+    if not path.exists():
+        pytest.skip(f"../shared is absent: {path} is needed")
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+class QuietBot:
+    """The web app on loopback plus the planner, model and quiet poster, driven step by step."""
+
+    def __init__(
+        self, store: QueueStore, emulator: ForgeEmulator, forges: ForgeRegistry, clock: VirtualClock
+    ) -> None:
+        self.store = store
+        self.emulator = emulator
+        self.clock = clock
+        self.book = load_policy_book(DEFAULT_POLICY_DIR)
+        settings = forge_settings(
+            emulator, github_webhook_secret=SECRET, gitlab_webhook_token=GITLAB_SECRET
+        )
+        self.server = TestServer(
+            create_app(settings, store=store, policies=self.book, clock=clock), host="127.0.0.1"
+        )
+        self.findings = FindingStore(store.engine)
+        self.pipeline = ReviewPipeline(store, forges, self.book, quiet=QuietPosting(self.findings))
+        self.backend = SimulatedBackend()
+
+    async def send(self, pull: EmulatedPull, *, action: str, before: str | None = None) -> int:
+        """Deliver the pull request event the forge sends for its newest head; the job id."""
+        if pull.forge == "github":
+            fixture = (
+                "pull_request.opened.json"
+                if action == "opened"
+                else ("pull_request.synchronize.json")
+            )
+            payload = build_github_pull_request_event(
+                load_fixture("github", fixture),
+                action=action,
+                repo=pull.repo,
+                number=pull.number,
+                base_ref=pull.base_ref,
+                head_ref=pull.head_ref,
+                base_sha=pull.newest.base_sha,
+                head_sha=pull.newest.head_sha,
+                labels=[],
+                draft=False,
+                author="octocat",
+                author_type="User",
+                changed_files=len(pull.files),
+                additions=sum(item.additions for item in pull.files),
+                deletions=sum(item.deletions for item in pull.files),
+                installation_id=1,
+                before=before,
+            )
+            answer = await send_webhook(
+                str(self.server.make_url("/webhooks/github")),
+                "github",
+                "pull_request",
+                payload,
+                SECRET,
+            )
+        else:
+            fixture = (
+                "merge_request_hook.open.gitlab_com.json"
+                if action == "opened"
+                else "merge_request_hook.update.new_commits.json"
+            )
+            payload = build_gitlab_merge_request_event(
+                load_fixture("gitlab", fixture),
+                action="open" if action == "opened" else "update",
+                repo=pull.repo,
+                project_id=pull.project_id,
+                number=pull.number,
+                base_ref=pull.base_ref,
+                head_ref=pull.head_ref,
+                head_sha=pull.newest.head_sha,
+                oldrev=before,
+                labels=[],
+                author="octocat",
+                author_is_bot=False,
+                draft=False,
+            )
+            answer = await send_webhook(
+                str(self.server.make_url("/webhooks/gitlab")),
+                "gitlab",
+                "Merge Request Hook",
+                payload,
+                GITLAB_SECRET,
+            )
+        assert answer.status in (200, 202), answer.body
+        job_id = json.loads(answer.body)["job_id"]
+        assert isinstance(job_id, int)
+        return job_id
+
+    async def review(self) -> None:
+        """Plan what is pending, run every chunk, post what finished."""
+        self.clock.advance(1)
+        await self.pipeline.plan_jobs(self.clock.now(), ServiceEstimator.with_prior())
+        for job_id in await run_all_chunks(self.store, self.backend, self.clock):
+            await self.pipeline.job_completed(job_id, self.clock.now())
+
+    async def push(self, pull: EmulatedPull, files: list[FileChange]) -> int:
+        """Push a new head with these files, deliver its event, review it; the job id."""
+        before = pull.newest.head_sha
+        self.emulator.state.push(pull.forge, pull.repo, pull.number, files=files)
+        job_id = await self.send(pull, action="synchronize", before=before)
+        await self.review()
+        return job_id
+
+
+@pytest.fixture
+async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
+    async with ForgeEmulator(emulator_state(clock)) as running:
+        yield running
+
+
+@pytest.fixture
+async def bot(
+    store: QueueStore, emulator: ForgeEmulator, clock: VirtualClock
+) -> AsyncIterator[QuietBot]:
+    async with emulator_forges(emulator, clock, attempts=3) as forges:
+        running = QuietBot(store, emulator, forges, clock)
+        await running.server.start_server()
+        try:
+            yield running
+        finally:
+            await running.server.close()
+
+
+def inline_bodies(emulator: ForgeEmulator, pull: EmulatedPull) -> list[str]:
+    """Every inline finding posted on the pull request, in order."""
+    if pull.forge == "github":
+        return [
+            str(comment["body"])
+            for record in emulator.state.posted(kind="review", repo=pull.repo, number=pull.number)
+            for comment in record.data["comments"]
+        ]
+    return [
+        record.body or ""
+        for record in emulator.state.posted(kind="discussion", repo=pull.repo, number=pull.number)
+    ]
+
+
+def summaries(emulator: ForgeEmulator, pull: EmulatedPull) -> list[dict[str, Any]]:
+    """The summary comments the pull request holds now."""
+    items = pull.comments if pull.forge == "github" else pull.notes
+    return [item for item in items if SUMMARY_MARKER in str(item.get("body") or "")]
+
+
+def summary_edits(emulator: ForgeEmulator, pull: EmulatedPull) -> int:
+    kind = "comment_edit" if pull.forge == "github" else "note_edit"
+    return len(emulator.state.posted(kind=kind, repo=pull.repo, number=pull.number))
+
+
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
+async def test_a_finding_is_said_once_the_summary_is_edited_in_place_and_fixes_resolve(
+    bot: QuietBot, emulator: ForgeEmulator, store: QueueStore, forge: str
+) -> None:
+    repo = "acme/shop" if forge == "github" else "acme/platform/api"
+    pull = emulator.state.add_pull(forge, repo, 7, files=[HANDLER_V1])  # type: ignore[arg-type]
+    first = await bot.send(pull, action="opened")
+    await bot.review()
+
+    said = inline_bodies(emulator, pull)
+    assert any("TODO" in body for body in said)
+    assert any("credential" in body for body in said)
+    assert len(summaries(emulator, pull)) == 1
+    job = await store.get_job(first)
+    assert job is not None and job.state == JobState.DONE
+
+    # A push that adds an unrelated clean file: nothing new to say, the summary is edited.
+    second = await bot.push(pull, [HANDLER_V1, UTILS])
+    assert inline_bodies(emulator, pull) == said
+    [summary] = summaries(emulator, pull)
+    assert summary_edits(emulator, pull) == 1
+    assert "0 new" in summary["body"] and "found again and not repeated" in summary["body"]
+    job = await store.get_job(second)
+    assert job is not None and job.state == JobState.DONE
+
+    # The TODO is fixed: its finding is resolved, nothing is posted, the summary says so.
+    await bot.push(pull, [HANDLER_V2, UTILS])
+    assert inline_bodies(emulator, pull) == said
+    [summary] = summaries(emulator, pull)
+    assert "1 resolved" in summary["body"] and "TODO" in summary["body"].split("Resolved")[1]
+    findings = await bot.findings.findings_of(PullRef(forge, repo, 7))
+    states = {item.body.split(";")[0]: item.state for item in findings}
+    assert states["A TODO is left in the change"] == "resolved"
+    assert list(states.values()).count("open") == len(said) - 1
+    if forge == "gitlab":
+        resolved = emulator.state.posted(kind="discussion_resolve", repo=repo, number=7)
+        assert len(resolved) == 1 and resolved[0].data["resolved"] is True
+        todo = next(d for d in pull.discussions if "TODO" in d["notes"][0]["body"])
+        assert todo["notes"][0]["resolved"] is True
