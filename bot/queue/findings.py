@@ -10,9 +10,9 @@ from typing import Any, cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bot.diff import Side
 from bot.queue import findings_sql as sql
 from bot.queue.store import _database_errors
-from bot.review.diff import Side
 from bot.review.quiet_plan import FindingState, StoredFinding
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bot.review.diff import Side, file_value, parse_hunks
+from bot.diff import Side, file_value, parse_hunks
 from bot.review.parse import Finding
 
 # How many lines on each side of the anchored line belong to its identity.

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.review.diff import Side
+from bot.diff import Side
 from bot.review.fingerprint import FingerprintedFinding, loose_key, normalize_code, side_lines
 from bot.review.parse import SEVERITIES, SEVERITY_RANK
 
