@@ -44,9 +44,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("resolved_at", sa.DateTime(timezone=True), nullable=True),
-        sa.CheckConstraint(
-            "state IN ('open', 'resolved')", name=op.f("ck_review_findings_state")
-        ),
+        sa.CheckConstraint("state IN ('open', 'resolved')", name=op.f("ck_review_findings_state")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_review_findings")),
         sa.UniqueConstraint(
             "forge",
