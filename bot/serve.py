@@ -23,7 +23,8 @@ from bot.obs.metrics import Metrics
 from bot.outage import OutageWatch
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.poster import ReviewPipeline
+from bot.review.planner import PlanningSettings
+from bot.review.poster import PostingSettings, ReviewPipeline
 from bot.review.quiet_post import quiet_posting
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings, ForgePlanner
 
@@ -119,8 +120,15 @@ async def serve(
             )
         if role in ("dispatcher", "all"):
             backend = create_backend(settings)
+            lease_s = settings.scheduler.lease_s
             pipeline = ReviewPipeline(
-                store, forges, policies, metrics=metrics, quiet=quiet_posting(settings, store)
+                store,
+                forges,
+                policies,
+                metrics=metrics,
+                planning=PlanningSettings(lease_s=lease_s),
+                posting=PostingSettings(lease_s=lease_s),
+                quiet=quiet_posting(settings, store),
             )
             dispatcher = Dispatcher(
                 store,
@@ -138,7 +146,23 @@ async def serve(
             )
             background.append(asyncio.create_task(dispatcher.run(database_url=url)))
             background.append(
-                asyncio.create_task(pipeline.run_recovery(clock, interval_s=30.0, stop=stop))
+                # Taking over a dead process's reviews follows the lease: the recovery pass
+                # looks for expired claims as often as the heartbeat renews live ones.
+                asyncio.create_task(
+                    pipeline.run_recovery(
+                        clock,
+                        interval_s=settings.scheduler.heartbeat_s,
+                        stop=stop,
+                        outage_backoff_s=settings.outage_backoff_s,
+                    )
+                )
+            )
+            background.append(
+                asyncio.create_task(
+                    pipeline.run_heartbeat(
+                        clock, interval_s=settings.scheduler.heartbeat_s, stop=stop
+                    )
+                )
             )
             log.info(
                 "dispatcher %s with %d slots on the %s backend",

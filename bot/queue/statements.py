@@ -68,16 +68,28 @@ INSERT_HISTORY = _sql(
     """
 )
 
-# Jobs whose diff has not been fetched and chunked yet, oldest first, one planner each; a job
-# whose last planning try failed waits for its retry time (request->>'retry_at').
+# Claim jobs whose diff has not been fetched and chunked yet, oldest first, for one planner
+# until :until (a lease: a planner that dies loses its jobs to another when it runs out); a
+# job whose last planning try failed waits for its retry time (request->>'retry_at').
 CLAIM_UNPLANNED_JOBS = _sql(
     """
-    SELECT * FROM review_jobs
-    WHERE NOT planned AND state IN ('queued', 'waiting')
-      AND (request->>'retry_at' IS NULL OR CAST(request->>'retry_at' AS timestamptz) <= :now)
-    ORDER BY level, enqueued_at, id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+    WITH candidate AS (
+        SELECT id FROM review_jobs
+        WHERE NOT planned AND state IN ('queued', 'waiting')
+          AND (request->>'retry_at' IS NULL
+               OR CAST(request->>'retry_at' AS timestamptz) <= :now)
+          AND (request->>'planning_until' IS NULL
+               OR CAST(request->>'planning_until' AS timestamptz) <= :now)
+        ORDER BY level, enqueued_at, id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE review_jobs j
+    SET request = j.request || jsonb_build_object(
+            'planning_by', CAST(:owner AS text), 'planning_until', CAST(:until AS text))
+    FROM candidate
+    WHERE j.id = candidate.id
+    RETURNING j.*
     """
 )
 
@@ -381,12 +393,16 @@ SELECT_HISTORY = _sql("SELECT * FROM job_history WHERE job_id = :job_id ORDER BY
 SELECT_CHUNKS = _sql("SELECT * FROM review_chunks WHERE job_id = :job_id ORDER BY seq")
 
 # Jobs whose chunks are all done but whose review was never posted (a crash in between).
+# With :now, jobs another poster holds a live claim on, or whose retry time has not come,
+# are left out: they must not fill the batch while others wait.
 SELECT_UNPOSTED_JOBS = _sql(
     """
     SELECT * FROM review_jobs
     WHERE state = 'running' AND planned AND chunks_done >= chunks_total
       AND (CAST(:now AS timestamptz) IS NULL OR request->>'retry_at' IS NULL
            OR CAST(request->>'retry_at' AS timestamptz) <= :now)
+      AND (CAST(:now AS timestamptz) IS NULL OR request->>'posting_until' IS NULL
+           OR CAST(request->>'posting_until' AS timestamptz) <= :now)
     ORDER BY level, id LIMIT :limit
     """
 )
@@ -421,7 +437,8 @@ DEFER_JOB = _sql(
         request = (request || jsonb_build_object(
             'retry_at', CAST(:retry_at AS text),
             CAST(:counter AS text),
-            COALESCE(CAST(request->>CAST(:counter AS text) AS integer), 0) + 1)) - 'posting_until'
+            COALESCE(CAST(request->>CAST(:counter AS text) AS integer), 0) + 1))
+            - 'posting_until' - 'planning_until'
     WHERE id = :job_id AND state IN ('waiting', 'queued', 'running')
     RETURNING state, CAST(request->>CAST(:counter AS text) AS integer) AS tries
     """
@@ -495,7 +512,8 @@ SUBMIT_NEW_JOB = _sql(
 )
 
 # Claim a finished job for posting until :until, unless another poster's claim is still valid:
-# a completion and a recovery pass (or two processes) never post the same review at once.
+# a completion and a recovery pass (or two processes) never post the same review at once. The
+# claim is a lease: its holder renews it (RENEW_POSTING_CLAIMS); if the holder dies, it runs out.
 CLAIM_POSTING = _sql(
     """
     UPDATE review_jobs
@@ -504,6 +522,18 @@ CLAIM_POSTING = _sql(
     WHERE id = :job_id AND state = 'running'
       AND (request->>'posting_until' IS NULL
            OR CAST(request->>'posting_until' AS timestamptz) <= :now)
+    RETURNING id
+    """
+)
+
+# Renew the posting claims `owner` still holds (its heartbeat): a live poster keeps its jobs
+# however slow the forge is, a dead one loses them when the claim runs out.
+RENEW_POSTING_CLAIMS = _sql(
+    """
+    UPDATE review_jobs
+    SET request = request || jsonb_build_object('posting_until', CAST(:until AS text))
+    WHERE id = ANY(CAST(:job_ids AS bigint[])) AND state = 'running'
+      AND request->>'posting_by' = :owner
     RETURNING id
     """
 )

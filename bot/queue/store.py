@@ -496,13 +496,34 @@ class QueueStore:
 
     # --- planning -------------------------------------------------------------------------
 
-    async def fetch_unplanned_jobs(self, *, now: datetime, limit: int = 10) -> list[Job]:
-        """Jobs still waiting for their diff to be fetched and chunked."""
-        async with self._transaction() as conn:
+    async def fetch_unplanned_jobs(
+        self,
+        *,
+        now: datetime,
+        limit: int = 10,
+        owner: str = "planner",
+        lease_s: float = 300.0,
+    ) -> list[Job]:
+        """Claim jobs still waiting for their diff to be fetched and chunked, for `lease_s`.
+
+        Another planner gets them only when the claim ran out (its planner died or was slow;
+        storing the plan happens once either way).
+        """
+        async with self._single_statement() as conn:
             rows = (
-                await conn.execute(sql.CLAIM_UNPLANNED_JOBS, {"limit": limit, "now": now})
+                await conn.execute(
+                    sql.CLAIM_UNPLANNED_JOBS,
+                    {
+                        "limit": limit,
+                        "now": now,
+                        "owner": owner,
+                        "until": (now + timedelta(seconds=lease_s)).isoformat(),
+                    },
+                )
             ).all()
-        return [_job_from_row(row) for row in rows]
+        jobs = [_job_from_row(row) for row in rows]
+        jobs.sort(key=lambda job: (job.level, job.enqueued_at, job.id))
+        return jobs
 
     async def plan_job(
         self,
@@ -1067,6 +1088,25 @@ class QueueStore:
                 )
             ).first()
         return row is not None
+
+    async def renew_posting_claims(
+        self, job_ids: Sequence[int], *, owner: str, now: datetime, lease_s: float
+    ) -> int:
+        """Extend the posting claims `owner` holds on `job_ids`; returns how many it holds."""
+        if not job_ids:
+            return 0
+        async with self._single_statement() as conn:
+            rows = (
+                await conn.execute(
+                    sql.RENEW_POSTING_CLAIMS,
+                    {
+                        "job_ids": list(job_ids),
+                        "owner": owner,
+                        "until": (now + timedelta(seconds=lease_s)).isoformat(),
+                    },
+                )
+            ).all()
+        return len(rows)
 
     async def defer_job(
         self, job_id: int, *, now: datetime, retry_at: datetime, error: str, kind: str

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -32,6 +34,9 @@ class PlanningSettings:
     max_attempts: int = 5
     backoff_s: float = 15.0
     max_backoff_s: float = 900.0
+    # Planning claims a job for this long (the lease): a planner that dies loses it after.
+    lease_s: float = 300.0
+    owner: str = field(default_factory=lambda: f"planner-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,12 +247,17 @@ async def plan_next_jobs(
     estimator: ServiceEstimator | None = None,
     settings: PlanningSettings | None = None,
 ) -> list[PlanningOutcome]:
-    """Plan up to `limit` unplanned jobs (their retry time reached); returns what happened."""
+    """Claim and plan up to `limit` unplanned jobs (their retry time reached); returns what
+    happened."""
+    settings = settings or PlanningSettings()
+    jobs = await store.fetch_unplanned_jobs(
+        now=now, limit=limit, owner=settings.owner, lease_s=settings.lease_s
+    )
     return [
         await plan_one_job(
             store, forges, policy, job, now=now, estimator=estimator, settings=settings
         )
-        for job in await store.fetch_unplanned_jobs(now=now, limit=limit)
+        for job in jobs
     ]
 
 

@@ -56,8 +56,9 @@ class PostingSettings:
     max_attempts: int = 5
     backoff_s: float = 30.0
     max_backoff_s: float = 1800.0
-    # A poster claims a job for this long, so a completion and a recovery pass never race.
-    claim_s: float = 600.0
+    # A poster claims a job for this long (the lease; its heartbeat renews it), so a
+    # completion and a recovery pass never race, and a dead poster's job is taken over after.
+    lease_s: float = 300.0
     owner: str = field(default_factory=lambda: f"poster-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
@@ -182,7 +183,7 @@ async def post_job_review(
         await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
         return PostingOutcome(job_id, "failed", detail=error)
     if not await store.claim_posting(
-        job.id, owner=settings.owner, now=now, lease_s=settings.claim_s
+        job.id, owner=settings.owner, now=now, lease_s=settings.lease_s
     ):
         return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
     assembled: AssembledReview | None = None
@@ -295,6 +296,7 @@ class ReviewPipeline:
         self.planning = planning or PlanningSettings()
         self.posting = posting or PostingSettings()
         self.plan_limit = plan_limit
+        self._posting: dict[int, int] = {}  # job id -> posts of it running in this process
 
     async def plan_jobs(self, now: datetime, estimator: ServiceEstimator) -> int:
         """Plan pending jobs (the dispatcher's `plan_jobs`); jobs with nothing to review post."""
@@ -311,6 +313,12 @@ class ReviewPipeline:
             if outcome.result == "planned" and outcome.chunks == 0 and not outcome.detail:
                 await self.job_completed(outcome.job_id, now)
         return len(outcomes)
+
+    async def renew_claims(self, now: datetime) -> int:
+        """Extend the posting claims of the jobs being posted now; returns how many."""
+        return await self.store.renew_posting_claims(
+            list(self._posting), owner=self.posting.owner, now=now, lease_s=self.posting.lease_s
+        )
 
     async def job_completed(self, job_id: int, now: datetime) -> None:
         """Post a job whose last chunk finished (the dispatcher's `on_job_complete`)."""
@@ -329,24 +337,49 @@ class ReviewPipeline:
             )
 
     async def post(self, job_id: int, now: datetime) -> PostingOutcome:
-        """Post one finished job: quietly (new findings, one living summary) when configured."""
-        if self.quiet is None:
-            return await post_job_review(
-                self.store, self.forges, job_id, now=now, settings=self.posting
+        """Post one finished job: quietly (new findings, one living summary) when configured.
+
+        While this runs, `renew_claims` keeps the job's posting claim alive.
+        """
+        self._posting[job_id] = self._posting.get(job_id, 0) + 1
+        try:
+            if self.quiet is None:
+                return await post_job_review(
+                    self.store, self.forges, job_id, now=now, settings=self.posting
+                )
+            # Imported here: quiet posting builds on this module's rendering and outcomes.
+            from bot.review.quiet_post import post_quiet_review
+
+            return await post_quiet_review(
+                self.store, self.quiet, self.forges, job_id, now=now, settings=self.posting
             )
-        # Imported here: quiet posting builds on this module's rendering and outcomes.
-        from bot.review.quiet_post import post_quiet_review
+        finally:
+            left = self._posting.pop(job_id) - 1
+            if left:
+                self._posting[job_id] = left
 
-        return await post_quiet_review(
-            self.store, self.quiet, self.forges, job_id, now=now, settings=self.posting
-        )
-
-    async def recover(self, now: datetime) -> list[PostingOutcome]:
-        """Post what a crash left unposted, and deferred posts whose retry time came."""
+    async def recover(self, now: datetime, *, limit: int = 20) -> list[PostingOutcome]:
+        """Post what a crash left unposted (its poster's claim ran out), and deferred posts
+        whose retry time came."""
         return [
             await self.post(job.id, now)
-            for job in await self.store.unposted_jobs(limit=20, now=now)
+            for job in await self.store.unposted_jobs(limit=limit, now=now)
         ]
+
+    async def run_heartbeat(self, clock: Clock, *, interval_s: float, stop: asyncio.Event) -> None:
+        """Renew the posting claims held by this process every `interval_s` until `stop`."""
+        outage = OutageWatch("posting heartbeat")
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+            if stop.is_set() or not self._posting:
+                continue
+            try:
+                await self.renew_claims(clock.now())
+            except StoreError as exc:
+                outage.lost(exc)  # the claims may run out; others then post, marker-guarded
+            else:
+                outage.recovered()
 
     async def run_recovery(
         self,

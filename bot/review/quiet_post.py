@@ -223,7 +223,7 @@ async def post_quiet_review(
         await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
         return PostingOutcome(job_id, "failed", detail=error)
     if not await store.claim_posting(
-        job.id, owner=settings.owner, now=now, lease_s=settings.claim_s
+        job.id, owner=settings.owner, now=now, lease_s=settings.lease_s
     ):
         return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
     context = {"job_id": job.id, "forge": job.forge}

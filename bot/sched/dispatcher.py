@@ -276,7 +276,9 @@ class Dispatcher:
             return await self.plan_jobs(now, self.estimator)
         planned = 0
         while True:
-            jobs = await self.store.fetch_unplanned_jobs(now=now, limit=limit)
+            jobs = await self.store.fetch_unplanned_jobs(
+                now=now, limit=limit, owner=self.settings.owner, lease_s=self.settings.lease_s
+            )
             if not jobs:
                 return planned
             for job in jobs:
@@ -798,20 +800,26 @@ class Dispatcher:
         )
 
     async def _heartbeat_loop(self, outage: OutageWatch) -> None:
+        """Renew this process's leases and take back other processes' expired ones, every
+        heartbeat: a dead dispatcher's chunks run again within about one lease."""
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
-            if not self.held:
-                continue
             try:
-                await self.store.heartbeat(
-                    list(self.held),
-                    owner=self.settings.owner,
-                    now=self.clock.now(),
-                    lease_s=self.settings.lease_s,
-                )
+                await self.heartbeat(self.clock.now())
             except StoreError as exc:
                 # The leases run out if this goes on; others then take the chunks over.
                 outage.lost(exc)
+
+    async def heartbeat(self, now: datetime) -> int:
+        """Renew held leases, then reclaim expired ones; returns how many were reclaimed."""
+        if self.held:
+            await self.store.heartbeat(
+                list(self.held), owner=self.settings.owner, now=now, lease_s=self.settings.lease_s
+            )
+        reclaimed = await self.store.reclaim_expired(now=now)
+        if reclaimed and self.metrics is not None:
+            self.metrics.count_reclaims(reclaimed)
+        return reclaimed
 
     async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Any:
         """LISTEN on the queue channel through a dedicated asyncpg connection, if possible."""

@@ -1,0 +1,163 @@
+"""Every stage is claimed with a lease that runs out: planning, chunks, posting. Under the
+VirtualClock, on real PostgreSQL and the forge emulator: a dead process's claim stops counting
+after the lease, a live one's heartbeat keeps it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bot.clock import VirtualClock
+from bot.config import DEFAULT_POLICY_DIR
+from bot.forges.emulator import ForgeEmulator
+from bot.forges.registry import ForgeRegistry
+from bot.llm.simulated import SimulatedBackend
+from bot.model import LEVELS, ChunkState, JobState
+from bot.policy import PolicyBook, evaluate, load_policy_book
+from bot.queue.store import QueueStore
+from bot.review.planner import PlanningSettings, plan_next_jobs
+from bot.review.poster import PostingSettings, ReviewPipeline
+from bot.sched.dispatcher import Dispatcher, DispatcherSettings
+from tests.pipeline_helpers import SMELLY, emulator_forges, emulator_state, request_for
+from tests.test_dispatcher import LinesPlanner
+from tests.test_poster import reviewed_job, reviews_of
+
+LEASE_S = 10.0
+
+
+@pytest.fixture
+async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
+    async with ForgeEmulator(emulator_state(clock)) as running:
+        yield running
+
+
+@pytest.fixture
+async def forges(emulator: ForgeEmulator, clock: VirtualClock) -> AsyncIterator[ForgeRegistry]:
+    registry = emulator_forges(emulator, clock, attempts=3)
+    async with registry:
+        yield registry
+
+
+@pytest.fixture
+def book() -> PolicyBook:
+    return load_policy_book(DEFAULT_POLICY_DIR)
+
+
+async def test_a_planning_claim_keeps_other_planners_off_until_its_lease_runs_out(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+) -> None:
+    pulls = [emulator.state.add_pull("github", "acme/shop", n, files=[SMELLY]) for n in (1, 2)]
+    for pull in pulls:
+        request = request_for(pull)
+        await store.submit_request(
+            request, evaluate(book.policy_for(request.repo), request), now=clock.now()
+        )
+    # A planner claims both, then dies before storing a plan.
+    dead = await store.fetch_unplanned_jobs(now=clock.now(), owner="dead", lease_s=LEASE_S)
+    assert len(dead) == 2
+    survivor = PlanningSettings(lease_s=LEASE_S, owner="survivor")
+    clock.advance(LEASE_S - 0.5)
+    assert await plan_next_jobs(store, forges, book, now=clock.now(), settings=survivor) == []
+    clock.advance(1.0)
+    outcomes = await plan_next_jobs(store, forges, book, now=clock.now(), settings=survivor)
+    assert [(o.job_id, o.result) for o in outcomes] == [(job.id, "planned") for job in dead]
+    # Planned jobs are never claimed again.
+    clock.advance(LEASE_S * 2)
+    assert await store.fetch_unplanned_jobs(now=clock.now(), owner="late", lease_s=LEASE_S) == []
+
+
+async def test_a_dead_posters_claim_runs_out_and_the_review_is_posted_once(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+) -> None:
+    pull = emulator.state.add_pull("github", "acme/shop", 3, files=[SMELLY])
+    job_id = await reviewed_job(store, forges, book, clock, pull)
+    # The process that finished the last chunk claimed the posting, then died.
+    assert await store.claim_posting(job_id, owner="dead", now=clock.now(), lease_s=LEASE_S)
+    pipeline = ReviewPipeline(
+        store, forges, book, posting=PostingSettings(lease_s=LEASE_S, owner="survivor")
+    )
+    assert await pipeline.recover(clock.now()) == []
+    clock.advance(LEASE_S - 0.5)
+    assert await pipeline.recover(clock.now()) == []
+    assert reviews_of(emulator, pull) == []
+    clock.advance(1.0)
+    outcomes = await pipeline.recover(clock.now())
+    assert [(o.job_id, o.result) for o in outcomes] == [(job_id, "posted")]
+    assert len(reviews_of(emulator, pull)) == 1
+    job = await store.get_job(job_id)
+    assert job is not None and job.state == JobState.DONE
+
+
+async def test_a_live_posters_heartbeat_keeps_its_claim(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+) -> None:
+    pulls = [emulator.state.add_pull("github", "acme/shop", n, files=[SMELLY]) for n in (4, 5)]
+    held, free = [await reviewed_job(store, forges, book, clock, pull) for pull in pulls]
+    assert await store.claim_posting(held, owner="a", now=clock.now(), lease_s=LEASE_S)
+    # Claimed jobs do not fill the recovery batch: the unclaimed one is found with limit 1.
+    assert [job.id for job in await store.unposted_jobs(limit=1, now=clock.now())] == [free]
+    clock.advance(LEASE_S * 0.8)
+    assert await store.renew_posting_claims([held], owner="a", now=clock.now(), lease_s=LEASE_S)
+    assert not await store.renew_posting_claims([held], owner="b", now=clock.now(), lease_s=LEASE_S)
+    clock.advance(LEASE_S * 0.4)  # past the first claim, within the renewed one
+    assert not await store.claim_posting(held, owner="b", now=clock.now(), lease_s=LEASE_S)
+    assert held not in [job.id for job in await store.unposted_jobs(now=clock.now())]
+    clock.advance(LEASE_S)
+    assert await store.claim_posting(held, owner="b", now=clock.now(), lease_s=LEASE_S)
+
+
+async def test_each_heartbeat_reclaims_the_chunks_of_a_dead_dispatcher(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+) -> None:
+    pull = emulator.state.add_pull("github", "acme/shop", 6, files=[SMELLY])
+    request = request_for(pull)
+    await store.submit_request(
+        request, evaluate(book.policy_for(request.repo), request), now=clock.now()
+    )
+    await plan_next_jobs(store, forges, book, now=clock.now())
+    leased = await store.fetch_chunk(levels=LEVELS, owner="dead", now=clock.now(), lease_s=LEASE_S)
+    assert leased is not None
+    survivor = Dispatcher(
+        store,
+        SimulatedBackend(),
+        planner=LinesPlanner(),
+        settings=DispatcherSettings(owner="survivor", lease_s=LEASE_S, heartbeat_s=LEASE_S / 3),
+        clock=clock,
+    )
+    ticks = []
+    for _ in range(4):  # heartbeats at 1/3, 2/3, 3/3 and 4/3 of the lease
+        clock.advance(LEASE_S / 3 + 0.01)
+        ticks.append(await survivor.heartbeat(clock.now()))
+    assert ticks == [0, 0, 1, 0]
+    [chunk] = await store.chunk_results(leased.chunk.job_id)
+    assert chunk.state == ChunkState.QUEUED and chunk.lease_owner is None
+    assert "lease expired (worker dead stopped)" in (await _chunk_error(store, chunk.id))
+
+
+async def _chunk_error(store: QueueStore, chunk_id: int) -> str:
+    from sqlalchemy import text
+
+    async with store.engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text("SELECT last_error FROM review_chunks WHERE id = :id"), {"id": chunk_id}
+            )
+        ).one()
+    return str(row.last_error)
