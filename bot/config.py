@@ -90,6 +90,10 @@ class Settings:
     inline_cap: int = 50
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)
+    # The review's check run / commit status with level, place in line and ETA.
+    status_enabled: bool = True
+    status_neutral_at: str = "major"
+    status_interval_s: float = 5.0
 
     def with_changes(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -159,6 +163,15 @@ def _numbers(environ: Mapping[str, str], name: str, count: int) -> tuple[float, 
     if len(values) != count or any(value <= 0 for value in values):
         raise ConfigError(f"{name} must be {count} positive numbers, got {raw!r}")
     return values
+
+
+def _severity(environ: Mapping[str, str], name: str, default: str) -> str:
+    from bot.review.parse import SEVERITIES
+
+    raw = (environ.get(name) or default).strip().lower()
+    if raw not in SEVERITIES:
+        raise ConfigError(f"{name} must be one of {', '.join(SEVERITIES)}, got {raw!r}")
+    return raw
 
 
 def _response_format(raw: str | None) -> str | None:
@@ -266,6 +279,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         inline_cap=_int(env, "REVIEW_BOT_INLINE_CAP", 50),
         scheduler=scheduler,
         alerts=alerts,
+        status_enabled=_bool(env, "REVIEW_BOT_STATUS", True),
+        status_neutral_at=_severity(env, "REVIEW_BOT_STATUS_NEUTRAL_AT", "major"),
+        status_interval_s=_float(env, "REVIEW_BOT_STATUS_INTERVAL_S", 5.0),
     )
 
 

@@ -16,7 +16,7 @@ from bot.clock import SystemClock
 from bot.config import Settings, check_scheduler_settings
 from bot.db import is_database_unavailable, upgrade_database
 from bot.errors import ConfigError
-from bot.forges.registry import build_forges, configured_forges
+from bot.forges.registry import ForgeRegistry, build_forges, configured_forges
 from bot.llm.base import LLMBackend
 from bot.llm.factory import check_backend_choice, create_backend
 from bot.obs.metrics import Metrics
@@ -27,10 +27,28 @@ from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings, ReviewPipeline
 from bot.review.quiet_post import quiet_posting
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings, ForgePlanner
+from bot.status.eta import Capacity
+from bot.status.publisher import StatusPublisher, StatusSettings
 
 log = logging.getLogger(__name__)
 
 Role = Literal["web", "dispatcher", "all"]
+
+
+def status_publisher(
+    settings: Settings, store: QueueStore, forges: ForgeRegistry, dispatcher: Dispatcher
+) -> StatusPublisher:
+    """The check run / commit status publisher, estimating with this dispatcher's slots."""
+    return StatusPublisher(
+        store.engine,
+        forges,
+        clock=dispatcher.clock,
+        capacity=Capacity(slots=dispatcher.settings.slots, mlfq=dispatcher.settings.mlfq),
+        estimator=lambda: dispatcher.estimator,
+        settings=StatusSettings(
+            neutral_at=settings.status_neutral_at, interval_s=settings.status_interval_s
+        ),
+    )
 
 
 def worker_name() -> str:
@@ -164,6 +182,12 @@ async def serve(
                     )
                 )
             )
+            if settings.status_enabled and forges:
+                background.append(
+                    asyncio.create_task(
+                        status_publisher(settings, store, forges, dispatcher).run(stop)
+                    )
+                )
             log.info(
                 "dispatcher %s with %d slots on the %s backend",
                 dispatcher.settings.owner,

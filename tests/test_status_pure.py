@@ -196,6 +196,11 @@ def test_a_state_change_is_written_at_once() -> None:
     assert publish_reason(queued(1, 40), NOW, running, now=NOW + timedelta(seconds=1)) == "state"
 
 
+def test_a_shrinking_place_is_progress_not_news() -> None:
+    later = NOW + timedelta(minutes=5)
+    assert publish_reason(queued(12, 400), NOW, queued(3, 400), now=later) is None
+
+
 def test_small_moves_are_not_written() -> None:
     assert (
         publish_reason(queued(12, 400), NOW, queued(10, 420), now=NOW + timedelta(minutes=5))
@@ -206,7 +211,7 @@ def test_small_moves_are_not_written() -> None:
 @pytest.mark.parametrize(
     ("current", "reason"),
     [
-        (queued(8, 400), "place"),  # 12 -> 8: a third
+        (queued(16, 400), "place"),  # 12 -> 16: work jumped ahead
         (queued(12, 520), "eta"),  # 400 s promised, moved by 120 s
         (queued(12, 400, Level.P2), "level"),
     ],
@@ -242,8 +247,8 @@ def test_a_completed_status_is_final() -> None:
 def test_the_rules_are_configurable() -> None:
     rules = PublishRules(min_interval_s=10.0, tolerance=0.5)
     at = NOW + timedelta(seconds=11)
-    assert publish_reason(queued(12, 400), NOW, queued(8, 400), now=at, rules=rules) is None
-    assert publish_reason(queued(12, 400), NOW, queued(5, 400), now=at, rules=rules) == "place"
+    assert publish_reason(queued(12, 400), NOW, queued(16, 400), now=at, rules=rules) is None
+    assert publish_reason(queued(12, 400), NOW, queued(19, 400), now=at, rules=rules) == "place"
 
 
 # -- conclusions and states ------------------------------------------------------------------

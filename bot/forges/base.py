@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Literal, Protocol, TypeVar
 
 from bot.errors import ForgeError
+from bot.forges.statuses import StatusUpdate, StatusWritten
 from bot.model import FileChange
 from bot.retry import call_with_retries, exponential_delay
 
@@ -138,6 +139,8 @@ class ForgeClient(Protocol):
     ) -> None: ...
 
     async def get_permission(self, repo: str, user: str) -> Permission: ...
+
+    async def publish_status(self, update: StatusUpdate) -> StatusWritten: ...
 
 
 def render_marker(job_id: int) -> str:

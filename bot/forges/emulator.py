@@ -171,6 +171,9 @@ class EmulatorState:
         self.access_levels: dict[tuple[str, str], int] = {}  # GitLab (path, username) -> level
         self.users: dict[str, int] = {}
         self.projects: dict[str, int] = {}
+        # check runs and commit statuses, served by bot.forges.emulator_checks
+        self.check_runs: dict[int, dict[str, Any]] = {}
+        self.commit_statuses: list[dict[str, Any]] = []
         self._ids = itertools.count(1001)
         self._shas = itertools.count(1)
 
@@ -881,7 +884,12 @@ async def _github_access_token(ctx: _Context) -> Any:
     return {
         "token": token,
         "expires_at": _iso(expires),
-        "permissions": {"pull_requests": "write", "issues": "write", "metadata": "read"},
+        "permissions": {
+            "pull_requests": "write",
+            "issues": "write",
+            "metadata": "read",
+            "checks": "write",
+        },
         "repository_selection": "all",
     }
 
@@ -1444,6 +1452,12 @@ ROUTES: tuple[_Route, ...] = (
     ),
     _route("gitlab.users", "GET", "/api/v4/users", _gitlab_users, "gitlab"),
 )
+
+
+def register_routes(*routes: _Route) -> None:
+    """Serve more routes (bot.forges.emulator_checks adds check runs and commit statuses)."""
+    global ROUTES
+    ROUTES = (*ROUTES, *routes)
 
 
 def _authenticate(ctx: _Context, route: _Route) -> None:
@@ -2060,3 +2074,5 @@ def run_emulator(port: int, host: str = "127.0.0.1") -> int:
 from bot.forges.emulator_quiet import QUIET_ROUTES  # noqa: E402
 
 ROUTES = (*ROUTES, *QUIET_ROUTES)
+
+import bot.forges.emulator_checks  # noqa: E402, F401  (registers its routes on import)

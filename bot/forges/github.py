@@ -36,6 +36,14 @@ from bot.forges.base import (
     retry_forge_call,
     utc_now,
 )
+from bot.forges.statuses import (
+    GITHUB_DESCRIPTION_LIMIT,
+    STATUS_NAME,
+    StatusUpdate,
+    StatusWritten,
+    github_commit_state,
+    shorten,
+)
 from bot.model import FileChange
 from bot.retry import parse_retry_after
 
@@ -462,6 +470,70 @@ class GitHubClient:
         except ForgeNotFound:
             return "none"
         return permission_from_github(answer)
+
+    # -- the review's status on the head commit -----------------------------------------------
+
+    async def publish_status(self, update: StatusUpdate) -> StatusWritten:
+        """Write the review's status: a check run as an App, a commit status with a token.
+
+        Paced like every content-creating call. Raises ForgeError (the caller logs it; a
+        status never holds up a review).
+        """
+        owner, name = split_repo(update.repo)
+        url_vars = {"owner": owner, "repo": name}
+        if self._token is not None:
+            data: dict[str, Any] = {
+                "state": github_commit_state(update),
+                "context": STATUS_NAME,
+                "description": shorten(update.description, GITHUB_DESCRIPTION_LIMIT),
+            }
+            if update.details_url:
+                data["target_url"] = update.details_url
+
+            async def create_status(token: str) -> None:
+                await self._api.post(
+                    "/repos/{owner}/{repo}/statuses/{sha}",
+                    {**url_vars, "sha": update.head_sha},
+                    data=data,
+                    oauth_token=token,
+                )
+
+            await self._call("create_status", create_status, repo=update.repo, creates_content=True)
+            return StatusWritten("commit_status")
+        body: dict[str, Any] = {
+            "status": update.state,
+            "output": {"title": update.title, "summary": update.summary[:65535]},
+            "external_id": str(update.job_id),
+        }
+        if update.conclusion is not None and update.state == "completed":
+            body["conclusion"] = update.conclusion
+        if update.details_url:
+            body["details_url"] = update.details_url
+        run_id = update.check_run_id
+
+        async def write_run(token: str) -> dict[str, Any]:
+            if run_id is None:
+                created = {"name": STATUS_NAME, "head_sha": update.head_sha, **body}
+                answer = await self._api.post(
+                    "/repos/{owner}/{repo}/check-runs", url_vars, data=created, oauth_token=token
+                )
+            else:
+                answer = await self._api.patch(
+                    "/repos/{owner}/{repo}/check-runs/{run_id}",
+                    {**url_vars, "run_id": run_id},
+                    data=body,
+                    oauth_token=token,
+                )
+            return cast(dict[str, Any], answer)
+
+        answer = await self._call(
+            "write_check_run",
+            write_run,
+            repo=update.repo,
+            installation_id=update.installation_id,
+            creates_content=True,
+        )
+        return StatusWritten("check_run", str(answer["id"]))
 
 
 def split_repo(repo: str) -> tuple[str, str]:

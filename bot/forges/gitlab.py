@@ -37,6 +37,14 @@ from bot.forges.base import (
     retry_forge_call,
     utc_now,
 )
+from bot.forges.statuses import (
+    GITLAB_DESCRIPTION_LIMIT,
+    STATUS_NAME,
+    StatusUpdate,
+    StatusWritten,
+    gitlab_commit_state,
+    shorten,
+)
 from bot.model import FileChange
 from bot.retry import parse_retry_after
 
@@ -417,6 +425,30 @@ class GitLabClient:
         except ForgeNotFound:
             return "none"
         return permission_from_access_level(int(answer.get("access_level") or 0))
+
+    # -- the review's status on the head commit -----------------------------------------------
+
+    async def publish_status(self, update: StatusUpdate) -> StatusWritten:
+        """Set the commit status `review-bot` on the MR's head: pending, running, then success.
+
+        GitLab refuses a write of the state a status already has (400), so callers write on
+        state changes only. Raises ForgeError.
+        """
+        project = self._project(update.repo, update.project_id)
+        data: dict[str, Any] = {
+            "state": gitlab_commit_state(update),
+            "name": STATUS_NAME,
+            "description": shorten(update.description, GITLAB_DESCRIPTION_LIMIT),
+        }
+        if update.details_url:
+            data["target_url"] = update.details_url
+        path = f"/projects/{project}/statuses/{update.head_sha}"
+
+        def create(gl: gitlab.Gitlab) -> None:
+            gl.http_post(path, post_data=data, obey_rate_limit=False)
+
+        await self._call("create_status", create)
+        return StatusWritten("commit_status")
 
 
 def _note_path(note: Mapping[str, Any]) -> str | None:

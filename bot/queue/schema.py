@@ -239,3 +239,34 @@ review_findings = Table(
     CheckConstraint(_in_list("state", FINDING_STATES), name="state"),
     UniqueConstraint("forge", "repo", "number", "fingerprint"),
 )
+
+# Created by migration 0017: the status last written on the forge for each job (check run or
+# commit status), so a restarted bot neither repeats nor forgets one.
+status_reports = Table(
+    "status_reports",
+    metadata,
+    Column(
+        "job_id",
+        BigInteger,
+        ForeignKey("review_jobs.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("forge", Text, nullable=False),
+    Column("repo", Text, nullable=False),
+    Column("head_sha", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("external_id", Text),
+    Column("state", Text, nullable=False),
+    Column("level", SmallInteger, nullable=False),
+    Column("place", Integer),
+    Column("finish_at", DateTime(timezone=True)),
+    Column("first_finish_at", DateTime(timezone=True)),
+    Column("parts_done", Integer, nullable=False, server_default="0"),
+    Column("parts_total", Integer, nullable=False, server_default="0"),
+    Column("conclusion", Text),
+    Column("published_at", DateTime(timezone=True), nullable=False),
+    Column("writes", Integer, nullable=False, server_default="1"),
+    CheckConstraint("state IN ('queued', 'in_progress', 'completed')", name="state"),
+    CheckConstraint("kind IN ('check_run', 'commit_status')", name="kind"),
+    Index("ix_status_reports_open", "job_id", postgresql_where=text("state <> 'completed'")),
+)

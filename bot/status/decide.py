@@ -1,8 +1,9 @@
 """Whether a job's status on the forge is worth writing again, and how a finished job ends.
 
 Pure. A status is written when the job first appears, whenever its state changes, and
-otherwise only when its level changed or its place, ETA or progress moved by more than a
-quarter, and at most once a minute: a busy queue never turns into a storm of writes.
+otherwise only when its level changed, its ETA or progress moved by more than a quarter, or
+its place grew by more than a quarter, and at most once a minute: a busy queue never turns
+into a storm of writes, and an ETA that holds needs no update at all.
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ def publish_reason(
         return None
     if current.level != previous.level:
         return "level"
+    # A place that shrinks as the queue drains is the progress the ETA promised, not news;
+    # one that grows (work jumped ahead) is.
     if (
         current.place is not None
         and previous.place is not None
-        and abs(current.place - previous.place) > rules.tolerance * previous.place
+        and current.place - previous.place > rules.tolerance * previous.place
     ):
         return "place"
     if current.finish_at is not None and previous.finish_at is not None:

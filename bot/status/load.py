@@ -1,0 +1,87 @@
+"""A live job as the ETA's dry run sees it: its calls' ranks and expected lengths. Pure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from bot.model import Level
+from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET
+from bot.sched.mlfq import CONTINUATION_RANK_OFFSET, ServiceEstimator, expected_chunk_s
+from bot.status.eta import JobLoad, QueuedCall
+
+# A review whose size is not known yet (a GitLab hook carries none) is planned as this many lines.
+UNKNOWN_SIZE_LINES = 200
+
+
+@dataclass(frozen=True, slots=True)
+class LiveCalls:
+    """What the queue holds of one live job."""
+
+    job_id: int
+    level: Level
+    started: bool
+    planned: bool
+    total_lines: int  # planned size (0 before planning)
+    request_lines: int | None  # the size the forge reported, if any
+    queued_ranks: Sequence[float] = ()
+    queued_lines: Sequence[int] = ()
+    running_lines: Sequence[int] = ()
+    running_started: Sequence[datetime] = ()
+    done_lines: int = 0
+    done_calls: int = 0
+    done_gpu_s: float = 0.0
+
+
+def call_seconds(
+    lines: int, *, calls: LiveCalls, estimator: ServiceEstimator, total_lines: int
+) -> float:
+    """Expected length of one call of `lines`; the job's own finished calls beat the estimate."""
+    if calls.done_calls > 0 and calls.done_lines > 0:
+        per_line = max(0.0, calls.done_gpu_s - calls.done_calls * estimator.overhead_s)
+        return estimator.overhead_s + per_line / calls.done_lines * lines
+    return expected_chunk_s(chunk_lines=lines, job_lines=total_lines, estimator=estimator)
+
+
+def job_load(calls: LiveCalls, *, estimator: ServiceEstimator, now: datetime) -> JobLoad:
+    """The dry run's view of a job: planned calls as stored, an unplanned one as it will be cut."""
+    if not calls.planned:
+        return _unplanned(calls, estimator=estimator)
+    total = max(1, calls.total_lines)
+    queued = tuple(
+        QueuedCall(rank, call_seconds(lines, calls=calls, estimator=estimator, total_lines=total))
+        for rank, lines in zip(calls.queued_ranks, calls.queued_lines, strict=True)
+    )
+    running = []
+    for lines, started_at in zip(calls.running_lines, calls.running_started, strict=True):
+        expected = call_seconds(lines, calls=calls, estimator=estimator, total_lines=total)
+        elapsed = max(0.0, (now - started_at).total_seconds())
+        # A call that overran its estimate is expected to need a little longer still.
+        running.append(max(expected - elapsed, estimator.overhead_s))
+    return JobLoad(
+        calls.job_id, calls.level, started=calls.started, queued=queued, running_s=tuple(running)
+    )
+
+
+def _unplanned(calls: LiveCalls, *, estimator: ServiceEstimator) -> JobLoad:
+    """Cut an unplanned job the way the chunker will: a small first call, then full ones."""
+    lines = calls.request_lines if calls.request_lines else UNKNOWN_SIZE_LINES
+    if lines <= DEFAULT_LINE_BUDGET:
+        sizes = [lines]
+    else:
+        first = min(DEFAULT_FIRST_BUDGET, lines)
+        rest = lines - first
+        count = math.ceil(rest / DEFAULT_LINE_BUDGET)
+        sizes = [first] + [math.ceil(rest / count)] * count
+    seconds = [
+        expected_chunk_s(chunk_lines=size, job_lines=lines, estimator=estimator) for size in sizes
+    ]
+    remaining = sum(seconds[1:])
+    queued = [QueuedCall(seconds[0], seconds[0])]
+    queued += [QueuedCall(CONTINUATION_RANK_OFFSET + remaining, s) for s in seconds[1:]]
+    return JobLoad(calls.job_id, calls.level, started=False, queued=tuple(queued))
+
+
+__all__ = ["UNKNOWN_SIZE_LINES", "LiveCalls", "call_seconds", "job_load"]

@@ -1,0 +1,90 @@
+"""Every SQL statement of the status publisher, named, each with its intent."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+_REPORT_COLUMNS = """
+    s.state AS status_state, s.level AS status_level, s.place AS status_place,
+    s.finish_at AS status_finish_at, s.parts_done AS status_parts_done,
+    s.parts_total AS status_parts_total, s.conclusion AS status_conclusion,
+    s.published_at AS status_published_at, s.external_id AS status_external_id
+"""
+
+# Every live job with what the ETA needs (its calls: ranks, sizes, running since when; its own
+# finished calls) and the status last written for it. One lateral aggregate per job over its
+# chunks (the (job_id, seq) unique index).
+SELECT_LIVE_JOBS = text(
+    f"""
+    SELECT j.id, j.forge, j.repo, j.number, j.head_sha, j.installation_id, j.project_id,
+           j.level, j.state, j.planned, j.first_started_at IS NOT NULL AS started,
+           j.total_lines, j.additions, j.deletions, j.chunks_total, j.chunks_done, j.reasons,
+           j.request->>'web_url' AS web_url,
+           c.queued_ranks, c.queued_lines, c.running_lines, c.running_started,
+           c.done_lines, c.done_calls, c.done_gpu_s,
+           {_REPORT_COLUMNS}
+    FROM review_jobs j
+    CROSS JOIN LATERAL (
+        SELECT array_agg(ch.rank ORDER BY ch.seq)
+                   FILTER (WHERE ch.state IN ('queued', 'blocked')) AS queued_ranks,
+               array_agg(ch.lines ORDER BY ch.seq)
+                   FILTER (WHERE ch.state IN ('queued', 'blocked')) AS queued_lines,
+               array_agg(ch.lines ORDER BY ch.seq) FILTER (WHERE ch.state = 'running')
+                   AS running_lines,
+               array_agg(ch.started_at ORDER BY ch.seq) FILTER (WHERE ch.state = 'running')
+                   AS running_started,
+               COALESCE(sum(ch.lines) FILTER (WHERE ch.state = 'done'), 0) AS done_lines,
+               count(*) FILTER (WHERE ch.state = 'done') AS done_calls,
+               COALESCE(sum(ch.gpu_seconds) FILTER (WHERE ch.state = 'done'), 0) AS done_gpu_s
+        FROM review_chunks ch WHERE ch.job_id = j.id
+    ) c
+    LEFT JOIN status_reports s ON s.job_id = j.id
+    WHERE j.state IN ('waiting', 'queued', 'running')
+    """
+)
+
+# Jobs that ended while their status still shows them queued or running (the partial index
+# ix_status_reports_open), oldest first.
+SELECT_ENDED_OPEN = text(
+    f"""
+    SELECT j.id, j.forge, j.repo, j.number, j.head_sha, j.installation_id, j.project_id,
+           j.level, j.state, j.reasons, j.review, j.last_error, j.chunks_total, j.chunks_done,
+           j.request->>'web_url' AS web_url,
+           {_REPORT_COLUMNS}
+    FROM status_reports s JOIN review_jobs j ON j.id = s.job_id
+    WHERE s.state <> 'completed'
+      AND j.state IN ('done', 'failed', 'dead', 'superseded', 'cancelled')
+    ORDER BY j.finished_at, j.id
+    LIMIT :limit
+    """
+)
+
+# Remember what was written; the first write keeps its ETA as the one given at enqueue.
+RECORD_REPORT = text(
+    """
+    INSERT INTO status_reports (job_id, forge, repo, head_sha, kind, external_id, state, level,
+                                place, finish_at, first_finish_at, parts_done, parts_total,
+                                conclusion, published_at, writes)
+    VALUES (:job_id, :forge, :repo, :head_sha, :kind, :external_id, :state, :level, :place,
+            :finish_at, :finish_at, :parts_done, :parts_total, :conclusion, :now, 1)
+    ON CONFLICT (job_id) DO UPDATE
+    SET kind = EXCLUDED.kind,
+        external_id = COALESCE(EXCLUDED.external_id, status_reports.external_id),
+        state = EXCLUDED.state, level = EXCLUDED.level, place = EXCLUDED.place,
+        finish_at = EXCLUDED.finish_at, parts_done = EXCLUDED.parts_done,
+        parts_total = EXCLUDED.parts_total, conclusion = EXCLUDED.conclusion,
+        published_at = EXCLUDED.published_at, writes = status_reports.writes + 1
+    """
+)
+
+# The check run of a job, for the Re-run button: which job a rerequested run belongs to.
+SELECT_REPORT_BY_EXTERNAL_ID = text(
+    """
+    SELECT s.job_id FROM status_reports s
+    WHERE s.forge = :forge AND s.repo = :repo AND s.external_id = :external_id
+    """
+)
+
+# One publisher at a time across processes: a session advisory lock held during a pass.
+TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
+UNLOCK = text("SELECT pg_advisory_unlock(:key)")

@@ -1,0 +1,286 @@
+"""Statuses on the forge end to end: real PostgreSQL, the real clients, the emulator."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from bot.clock import VirtualClock
+from bot.errors import ForgeError
+from bot.forges.base import RetryPolicy
+from bot.forges.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
+from bot.forges.github import GitHubClient
+from bot.forges.gitlab import GitLabClient
+from bot.forges.statuses import StatusUpdate
+from bot.model import LEVELS, JobState
+from bot.queue.store import QueueStore
+from bot.sched.mlfq import MlfqSettings, ServiceEstimator
+from bot.status.eta import Capacity
+from bot.status.publisher import StatusPublisher, StatusSettings
+from tests.factories import decide, plans
+from tests.pipeline_helpers import GITHUB_TOKEN, GITLAB_TOKEN, request_for
+from tests.test_emulator import load_shared_json, response_schema, schema_errors
+
+REPO = "acme/shop"
+GITLAB_REPO = "acme/platform/api"
+APP_ID = "4242"
+FILES = generate_file_changes(changed_lines=40, files=2, seed=4)
+
+
+@pytest.fixture(scope="module")
+def app_key() -> tuple[str, str]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    public_pem = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    return private_pem, public_pem
+
+
+@pytest.fixture
+async def emulator(clock: VirtualClock, app_key: tuple[str, str]) -> AsyncIterator[ForgeEmulator]:
+    state = EmulatorState(clock=clock.now)
+    state.github_tokens.add(GITHUB_TOKEN)
+    state.gitlab_tokens.add(GITLAB_TOKEN)
+    state.register_app(APP_ID, app_key[1])
+    async with ForgeEmulator(state) as running:
+        yield running
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
+        yield client
+
+
+def app_client(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock, key: str
+) -> GitHubClient:
+    return GitHubClient(session, base_url=emulator.github_url, app_id=APP_ID, private_key=key,
+                        clock=clock.now, sleep=clock.sleep, post_interval_s=0.0)  # fmt: skip
+
+
+def token_client(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> GitHubClient:
+    return GitHubClient(session, base_url=emulator.github_url, token=GITHUB_TOKEN,
+                        clock=clock.now, sleep=clock.sleep, post_interval_s=0.0)  # fmt: skip
+
+
+def gitlab_client(emulator: ForgeEmulator, clock: VirtualClock) -> GitLabClient:
+    return GitLabClient(url=emulator.gitlab_url, token=GITLAB_TOKEN, clock=clock.now,
+                        sleep=clock.sleep, timeout_s=5.0)  # fmt: skip
+
+
+def publisher(store: QueueStore, forges: dict[str, Any], clock: VirtualClock) -> StatusPublisher:
+    return StatusPublisher(
+        store.engine,
+        forges,
+        clock=clock,
+        capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),
+        estimator=ServiceEstimator.with_prior,
+        settings=StatusSettings(neutral_at="major"),
+    )
+
+
+async def queue_job(store: QueueStore, clock: VirtualClock, pull: Any, *lines: int) -> int:
+    submitted = await store.submit_request(request_for(pull), decide(), now=clock.now())
+    assert submitted.job_id is not None
+    await store.plan_job(submitted.job_id, plans(*lines), now=clock.now(), rank=[10.0] * len(lines))
+    return submitted.job_id
+
+
+async def run_job(store: QueueStore, clock: VirtualClock, review: dict[str, Any]) -> None:
+    """Lease, finish and post (record) every chunk of the queue's job."""
+    while True:
+        leased = await store.fetch_chunk(levels=LEVELS, owner="w", now=clock.now(), lease_s=60)
+        if leased is None:
+            return
+        clock.advance(12)
+        outcome = await store.finish_chunk(
+            leased.chunk.id, owner="w", now=clock.now(), gpu_seconds=12.0, result={}
+        )
+        if outcome.job_complete:
+            await store.finish_job(outcome.job_id, now=clock.now(), review=review)
+
+
+def check_runs(emulator: ForgeEmulator) -> list[dict[str, Any]]:
+    return [r.data["request"] for r in emulator.state.posted(forge="github", kind="check_run")]
+
+
+async def test_github_app_check_run_goes_queued_in_progress_completed(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+    app_key: tuple[str, str],
+) -> None:
+    spec = load_shared_json("openapi", "github-rest-subset.json")
+    pull = emulator.state.add_pull("github", REPO, 3, files=FILES, installation_id=1)
+    job_id = await queue_job(store, clock, pull, 40)
+    statuses = publisher(store, {"github": app_client(emulator, session, clock, app_key[0])}, clock)
+
+    first = await statuses.publish_once(clock.now())
+    assert (first.written, first.reasons["first"]) == (1, 1)
+    assert (await statuses.publish_once(clock.now())).written == 0  # nothing moved
+    [created] = check_runs(emulator)
+    assert created["name"] == "review-bot" and created["head_sha"] == pull.newest.head_sha
+    assert created["status"] == "queued" and created["external_id"] == str(job_id)
+    assert created["output"]["title"].startswith("P1 · 1st in line · review in about ")
+    assert "**Why P1:** ordinary pull request." in created["output"]["summary"]
+
+    leased = await store.fetch_chunk(levels=LEVELS, owner="w", now=clock.now(), lease_s=60)
+    assert leased is not None
+    clock.advance(2)
+    assert (await statuses.publish_once(clock.now())).reasons["state"] == 1
+    clock.advance(10)
+    await store.finish_chunk(leased.chunk.id, owner="w", now=clock.now(), gpu_seconds=12.0,
+                             result={})  # fmt: skip
+    review = {"counts": {"major": 1, "minor": 2}, "url": "https://github.com/acme/shop/pull/3#r",
+              "summary": "Reviewed 2 files."}  # fmt: skip
+    await store.finish_job(job_id, now=clock.now(), review=review)
+    assert (await statuses.publish_once(clock.now())).reasons["state"] == 1
+    clock.advance(1800)  # (within the installation token's hour)
+    assert (await statuses.publish_once(clock.now())).written == 0  # completed is final
+
+    requests = check_runs(emulator)
+    assert [r.get("status") for r in requests] == ["queued", "in_progress", "completed"]
+    # The prior expects 3 + 10 + 0.1 * 40 = 17 s for the call, 2 s of which have passed.
+    assert requests[1]["output"]["title"] == "P1 · 0 of 1 parts done · review in about 15 s"
+    assert requests[2]["conclusion"] == "neutral"  # a major finding, neutral at major
+    assert requests[2]["output"]["title"] == "Reviewed: 3 findings (1 major, 2 minor)"
+    assert requests[2]["details_url"] == review["url"]
+    # One check run, updated in place; what was sent and answered is what GitHub documents.
+    assert len(emulator.state.check_runs) == 1
+    run_id = next(iter(emulator.state.check_runs))
+    body_schemas = {
+        "post": spec["paths"]["/repos/{owner}/{repo}/check-runs"]["post"],
+        "patch": spec["paths"]["/repos/{owner}/{repo}/check-runs/{check_run_id}"]["patch"],
+    }
+    for index, request in enumerate(requests):
+        operation = body_schemas["post" if index == 0 else "patch"]
+        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert schema_errors(schema, request) == []
+        for key in ("status", "conclusion"):
+            if key in request:
+                assert request[key] in schema["properties"][key]["enum"]
+    async with session.get(
+        f"{emulator.github_url}/repos/{REPO}/check-runs/{run_id}",
+        headers={"Authorization": f"token {next(iter(emulator.state.issued_tokens))}"},
+    ) as answer:
+        body = await answer.json()
+    template = "/repos/{owner}/{repo}/check-runs/{check_run_id}"
+    assert schema_errors(response_schema(spec, "GET", template, 200), body) == []
+    assert (body["status"], body["conclusion"]) == ("completed", "neutral")
+
+
+async def test_a_clean_review_succeeds_and_a_superseded_one_is_skipped(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+    app_key: tuple[str, str],
+) -> None:
+    pull = emulator.state.add_pull("github", REPO, 4, files=FILES, installation_id=1)
+    old_job = await queue_job(store, clock, pull, 40)
+    statuses = publisher(store, {"github": app_client(emulator, session, clock, app_key[0])}, clock)
+    await statuses.publish_once(clock.now())
+    emulator.state.push("github", REPO, 4)
+    new_job = await queue_job(store, clock, pull, 40)  # supersedes the old one
+    assert (await store.get_job(old_job)).state == JobState.SUPERSEDED  # type: ignore[union-attr]
+    result = await statuses.publish_once(clock.now())
+    assert (result.reasons["state"], result.reasons["first"]) == (1, 1)
+    await run_job(store, clock, {"counts": {"minor": 1}, "url": "https://example.test/r"})
+    clock.advance(1)
+    await statuses.publish_once(clock.now())
+    runs = {run["external_id"]: run for run in emulator.state.check_runs.values()}
+    assert runs[str(old_job)]["conclusion"] == "skipped"
+    assert runs[str(old_job)]["output"]["title"].startswith("Not reviewed")
+    assert runs[str(new_job)]["conclusion"] == "success"  # only a minor finding
+
+
+async def test_a_plain_token_writes_commit_statuses(
+    store: QueueStore, emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    pull = emulator.state.add_pull("github", REPO, 5, files=FILES)
+    await queue_job(store, clock, pull, 40)
+    statuses = publisher(store, {"github": token_client(emulator, session, clock)}, clock)
+    await statuses.publish_once(clock.now())
+    await run_job(store, clock, {"counts": {}, "url": "https://example.test/r"})
+    await statuses.publish_once(clock.now())
+    written = [r.data for r in emulator.state.posted(forge="github", kind="commit_status")]
+    assert [item["state"] for item in written] == ["pending", "success"]
+    assert {item["context"] for item in written} == {"review-bot"}
+    assert written[0]["description"].startswith("P1 · 1st in line · review in about ")
+    assert written[1]["description"] == "Reviewed: no findings"
+    assert all(len(item["description"]) <= 140 for item in written)
+    assert emulator.state.check_runs == {}
+
+
+async def test_gitlab_status_goes_pending_running_success(
+    store: QueueStore, emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    pull = emulator.state.add_pull("gitlab", GITLAB_REPO, 6, files=FILES)
+    client = gitlab_client(emulator, clock)
+    statuses = publisher(store, {"gitlab": client}, clock)
+    await queue_job(store, clock, pull, 40)
+    await statuses.publish_once(clock.now())
+    clock.advance(120)  # long enough for a move to count, but GitLab gets states only
+    await statuses.publish_once(clock.now())
+    await run_job(store, clock, {"counts": {"critical": 1}, "url": "https://example.test/r"})
+    await statuses.publish_once(clock.now())
+    written = [r.data for r in emulator.state.posted(forge="gitlab", kind="commit_status")]
+    # The job ended between two passes: running is written before success, as GitLab wants.
+    assert [item["status"] for item in written] == ["pending", "running", "success"]
+    assert written[0]["description"].startswith("P1 · 1st in line · review in about ")
+    assert written[2]["description"] == "Reviewed: 1 finding (1 critical)"
+    assert {item["name"] for item in written} == {"review-bot"}
+
+    # GitLab refuses to set the state a status already has; the client says so.
+    update = StatusUpdate(repo=GITLAB_REPO, head_sha=pull.newest.head_sha, job_id=1,
+                          state="completed", title="t", summary="s", description="d",
+                          conclusion="success", project_id=pull.project_id)  # fmt: skip
+    with pytest.raises(ForgeError) as refused:
+        await client.publish_status(update)
+    assert refused.value.status == 400 and "Cannot transition status" in str(refused.value)
+
+
+async def test_failed_writes_never_stop_the_review_and_are_tried_again(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+    app_key: tuple[str, str],
+) -> None:
+    pull = emulator.state.add_pull("github", REPO, 7, files=FILES, installation_id=1)
+    client = GitHubClient(session, base_url=emulator.github_url, app_id=APP_ID,
+                          private_key=app_key[0], clock=clock.now, sleep=clock.sleep,
+                          post_interval_s=0.0, retry=RetryPolicy(attempts=1))  # fmt: skip
+    statuses = publisher(store, {"github": client}, clock)
+    await queue_job(store, clock, pull, 40)
+    emulator.state.add_fault("github.check_runs.create", Fault.server_error(502))
+    failed = await statuses.publish_once(clock.now())
+    assert (failed.written, failed.failed) == (0, 1)
+    retried = await statuses.publish_once(clock.now())
+    assert (retried.written, retried.reasons["first"]) == (1, 1)
+
+    # A refusal for lack of rights mutes the repository for a while instead of retrying.
+    other = emulator.state.add_pull("github", "acme/locked", 1, files=FILES, installation_id=1)
+    await queue_job(store, clock, other, 40)
+    emulator.state.add_fault(
+        "github.check_runs.create",
+        Fault(status=403, message="Resource not accessible by integration"),
+    )
+    refused = await statuses.publish_once(clock.now())
+    assert refused.failed == 1
+    assert (await statuses.publish_once(clock.now())).failed == 0
+    assert emulator.state.count_requests("github.check_runs.create", status=403) == 1
