@@ -165,7 +165,7 @@ def _numbers(environ: Mapping[str, str], name: str, count: int) -> tuple[float, 
     return values
 
 
-def _severity(environ: Mapping[str, str], name: str, default: str) -> str:
+def _named_severity(environ: Mapping[str, str], name: str, default: str) -> str:
     from bot.review.parse import SEVERITIES
 
     raw = (environ.get(name) or default).strip().lower()
@@ -280,7 +280,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         scheduler=scheduler,
         alerts=alerts,
         status_enabled=_bool(env, "REVIEW_BOT_STATUS", True),
-        status_neutral_at=_severity(env, "REVIEW_BOT_STATUS_NEUTRAL_AT", "major"),
+        status_neutral_at=_named_severity(env, "REVIEW_BOT_STATUS_NEUTRAL_AT", "major"),
         status_interval_s=_float(env, "REVIEW_BOT_STATUS_INTERVAL_S", 5.0),
     )
 
