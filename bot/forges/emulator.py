@@ -164,6 +164,8 @@ class EmulatorState:
         self.faults: dict[str, deque[Fault]] = {}
         self.github_tokens: set[str] = set()  # empty: any plain token is accepted
         self.gitlab_tokens: set[str] = set()
+        # The GitLab release answered as: before 15.7 there is no merge request /diffs.
+        self.gitlab_version: tuple[int, int] = (17, 0)
         self.apps: dict[str, str] = {}  # app id -> public key PEM
         self.installations: dict[str, int] = {}  # repo -> installation id
         self.issued_tokens: dict[str, tuple[int, datetime]] = {}
@@ -1170,8 +1172,7 @@ async def _gitlab_versions(ctx: _Context) -> Any:
     return _paginate(ctx, entries, default=20, maximum=100)
 
 
-async def _gitlab_diffs(ctx: _Context) -> Any:
-    pull = _gitlab_pull_of(ctx)
+def _gitlab_diff_entries(pull: EmulatedPull) -> list[dict[str, Any]]:
     entries = []
     for item in pull.files:
         too_large = item.patch is None and item.changed_lines > 0
@@ -1190,7 +1191,22 @@ async def _gitlab_diffs(ctx: _Context) -> Any:
                 "diff": "" if item.patch is None else item.patch + "\n",
             }
         )
+    return entries
+
+
+async def _gitlab_diffs(ctx: _Context) -> Any:
+    if ctx.state.gitlab_version < (15, 7):
+        raise _Reply(404, {"error": "404 Not Found"})  # the route does not exist yet
+    entries = _gitlab_diff_entries(_gitlab_pull_of(ctx))
     return _paginate(ctx, entries, default=20, maximum=100)
+
+
+async def _gitlab_changes(ctx: _Context) -> Any:
+    """The MR with its `changes` (deprecated in 15.7 in favour of /diffs, served by both)."""
+    answer = await _gitlab_get_mr(ctx)
+    answer["changes"] = _gitlab_diff_entries(_gitlab_pull_of(ctx))
+    answer["overflow"] = False
+    return answer
 
 
 def _bad_position(detail: str) -> _Reply:
@@ -1214,8 +1230,11 @@ def _check_position(pull: EmulatedPull, position: Any) -> None:
     if version is None:
         raise _bad_position('{:position=>["is incomplete"], :line_code=>["can\'t be blank"]}')
     new_path, old_path = position.get("new_path"), position.get("old_path")
-    patch = next((item.patch for item in version.files if item.path in (new_path, old_path)), None)
-    lines: DiffLines = parse_diff_lines(patch)
+    changed = next((item for item in version.files if item.path == new_path), None)
+    # GitLab computes the line code from both paths: a renamed file needs its old one.
+    if changed is None or old_path != (changed.previous_path or changed.path):
+        raise _bad_position('{:line_code=>["can\'t be blank", "must be a valid line code"]}')
+    lines: DiffLines = parse_diff_lines(changed.patch)
     new_line, old_line = position.get("new_line"), position.get("old_line")
     new_line = int(new_line) if new_line not in (None, "") else None
     old_line = int(old_line) if old_line not in (None, "") else None
@@ -1420,6 +1439,7 @@ ROUTES: tuple[_Route, ...] = (
     _route("gitlab.merge_request", "GET", GITLAB_MR, _gitlab_get_mr, "gitlab"),
     _route("gitlab.versions", "GET", f"{GITLAB_MR}/versions", _gitlab_versions, "gitlab"),
     _route("gitlab.diffs", "GET", f"{GITLAB_MR}/diffs", _gitlab_diffs, "gitlab"),
+    _route("gitlab.changes", "GET", f"{GITLAB_MR}/changes", _gitlab_changes, "gitlab"),
     _route(
         "gitlab.discussions.list",
         "GET",

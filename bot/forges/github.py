@@ -294,9 +294,12 @@ class GitHubClient:
             return files
 
         pull = await self._call("fetch_pull", read_pull, repo=repo, installation_id=installation_id)
-        items = await self._call(
-            "fetch_files", read_files, repo=repo, installation_id=installation_id
-        )
+        try:
+            items = await self._call(
+                "fetch_files", read_files, repo=repo, installation_id=installation_id
+            )
+        except ForgeNotFound as exc:
+            raise await self._explain_not_found(repo, number, exc, what="/files") from exc
         total = int(pull.get("changed_files") or len(items))
         base_sha = str(pull["base"]["sha"])
         return PullChanges(
@@ -308,8 +311,37 @@ class GitHubClient:
             total_files=total,
         )
 
+    async def _explain_not_found(
+        self, repo: str, number: int, error: ForgeNotFound, *, what: str
+    ) -> ForgeError:
+        """What a 404 on a part of a pull request means: ForgeNotFound when the pull request
+        itself is gone, else a (not retryable) ForgeError naming the part GitHub refused."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "number": str(number)}
+
+        async def read_pull(token: str) -> object:
+            return await self._api.getitem(
+                "/repos/{owner}/{repo}/pulls/{number}", url_vars, oauth_token=token
+            )
+
+        try:
+            await self._call("fetch_pull", read_pull, repo=repo)
+        except ForgeNotFound as gone:
+            return ForgeNotFound(f"pull request {repo}#{number} is gone: {gone}", status=404)
+        return ForgeError(
+            f"GitHub answered 404 to {what} of pull request {repo}#{number}, which exists: {error}",
+            status=404,
+        )
+
     async def find_posted_review(self, repo: str, number: int, marker: str) -> PostedReview | None:
-        """Return our review whose body carries `marker`, or None."""
+        """Return our review whose body carries `marker`, or None; raises ForgeNotFound only
+        when the pull request itself is gone."""
+        try:
+            return await self._find_posted_review(repo, number, marker)
+        except ForgeNotFound as exc:
+            raise await self._explain_not_found(repo, number, exc, what="/reviews") from exc
+
+    async def _find_posted_review(self, repo: str, number: int, marker: str) -> PostedReview | None:
         owner, name = split_repo(repo)
         url_vars = {"owner": owner, "repo": name, "number": str(number)}
 
@@ -333,7 +365,14 @@ class GitHubClient:
         return await self._call("find_review", search, repo=repo)
 
     async def post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview:
-        """Post the job's review once; if GitHub refuses the inline comments, post the summary."""
+        """Post the job's review once; if GitHub refuses the inline comments, post the summary.
+        Raises ForgeNotFound only when the pull request itself is gone."""
+        try:
+            return await self._post_review(repo, number, review)
+        except ForgeNotFound as exc:
+            raise await self._explain_not_found(repo, number, exc, what="a review post") from exc
+
+    async def _post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview:
         marker = render_marker(review.job_id)
         existing = await self.find_posted_review(repo, number, marker)
         if existing is not None:

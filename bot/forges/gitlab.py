@@ -120,6 +120,10 @@ class GitLabClient:
         self._projects: dict[str, int] = {}
         self._user_ids: dict[str, int] = {}
         self._diffs: dict[tuple[str, int, str], dict[str, DiffLines]] = {}
+        # new path -> old path of the renamed files of each MR version seen
+        self._old_paths: dict[tuple[str, int, str], dict[str, str]] = {}
+        # GitLab before 15.7 has no /merge_requests/:iid/diffs: read /changes there instead
+        self._diffs_endpoint = True
 
     def _remember_headers(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
         # GitlabHttpError drops the headers; keep them per thread to read Retry-After.
@@ -180,7 +184,8 @@ class GitLabClient:
         project_id: int | None = None,
         installation_id: int | None = None,
     ) -> PullChanges:
-        """Read the MR's newest version and its diffs (up to the file cap)."""
+        """Read the MR's newest version and its diffs (up to the file cap); raises ForgeNotFound
+        only when the MR itself is gone, ForgeError naming the part GitLab would not serve."""
         project = self._project(repo, project_id)
         base = f"/projects/{project}/merge_requests/{number}"
         limit = self._max_files
@@ -200,16 +205,31 @@ class GitLabClient:
             )
             return list(itertools.islice(pages, limit + 1))
 
-        found = await self._call("fetch_versions", versions)
+        overflow = False
+
+        def changes(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
+            nonlocal overflow
+            answer = cast(dict[str, Any], gl.http_get(f"{base}/changes", obey_rate_limit=False))
+            overflow = bool(answer.get("overflow"))  # GitLab listed fewer files than changed
+            return list(answer.get("changes") or [])[: limit + 1]
+
+        try:
+            found = await self._call("fetch_versions", versions)
+        except ForgeNotFound as exc:
+            raise await self._explain_not_found(repo, number, exc, what="/versions") from exc
         if not found:
-            raise ForgeNotFound(f"merge request {repo}!{number} has no diff versions", status=404)
+            # GitLab prepares a new MR's diff in the background: not gone, only not ready yet.
+            raise ForgeError(f"merge request {repo}!{number} has no diff version yet")
         newest = found[0]
-        entries = await self._call("fetch_diffs", diffs)
-        truncated = len(entries) > limit
+        entries = await self._read_diffs(repo, number, diffs=diffs, changes=changes)
+        truncated = len(entries) > limit or overflow
         files = tuple(file_change_from_gitlab(item) for item in entries[:limit])
         head_sha = str(newest["head_commit_sha"])
         self._diffs[(repo, number, head_sha)] = {
             item.path: parse_diff_lines(item.patch) for item in files
+        }
+        self._old_paths[(repo, number, head_sha)] = {
+            item.path: item.previous_path for item in files if item.previous_path
         }
         return PullChanges(
             base_sha=str(newest["base_commit_sha"]),
@@ -218,6 +238,54 @@ class GitLabClient:
             files=files,
             truncated=truncated,
             total_files=None if truncated else len(files),
+        )
+
+    async def _read_diffs(
+        self,
+        repo: str,
+        number: int,
+        *,
+        diffs: Callable[[gitlab.Gitlab], list[dict[str, Any]]],
+        changes: Callable[[gitlab.Gitlab], list[dict[str, Any]]],
+    ) -> list[dict[str, Any]]:
+        """The MR's file diffs from /diffs (GitLab 15.7+), else from /changes (older)."""
+        if self._diffs_endpoint:
+            try:
+                return await self._call("fetch_diffs", diffs)
+            except ForgeNotFound as exc:
+                explained = await self._explain_not_found(repo, number, exc, what="/diffs")
+                if isinstance(explained, ForgeNotFound):
+                    raise explained from exc
+                self._diffs_endpoint = False
+                logger.warning(
+                    "GitLab has no merge request /diffs endpoint (before 15.7): using /changes",
+                    extra={"action": "gitlab_changes_fallback"},
+                )
+        try:
+            return await self._call("fetch_changes", changes)
+        except ForgeNotFound as exc:
+            raise await self._explain_not_found(
+                repo, number, exc, what="both /diffs and /changes"
+            ) from exc
+
+    async def _explain_not_found(
+        self, repo: str, number: int, error: ForgeNotFound, *, what: str
+    ) -> ForgeError:
+        """What a 404 on a part of a merge request means: ForgeNotFound when the MR itself is
+        gone, else a (not retryable) ForgeError naming the part GitLab would not serve."""
+        path = f"/projects/{self._project(repo)}/merge_requests/{number}"
+
+        def read(gl: gitlab.Gitlab) -> object:
+            return gl.http_get(path, obey_rate_limit=False)
+
+        try:
+            await self._call("fetch_merge_request", read)
+        except ForgeNotFound as gone:
+            return ForgeNotFound(f"merge request {repo}!{number} is gone: {gone}", status=404)
+        return ForgeError(
+            f"GitLab answered 404 to {what} of merge request {repo}!{number}, which exists: "
+            f"{error}",
+            status=404,
         )
 
     async def _list_notes(self, repo: str, number: int) -> list[dict[str, Any]]:
@@ -233,8 +301,13 @@ class GitLabClient:
         return await self._call("list_notes", read)
 
     async def find_posted_review(self, repo: str, number: int, marker: str) -> PostedReview | None:
-        """Return our summary note carrying `marker`, or None."""
-        for note in await self._list_notes(repo, number):
+        """Return our summary note carrying `marker`, or None; raises ForgeNotFound only when
+        the MR itself is gone."""
+        try:
+            notes = await self._list_notes(repo, number)
+        except ForgeNotFound as exc:
+            raise await self._explain_not_found(repo, number, exc, what="/notes") from exc
+        for note in notes:
             body = str(note.get("body") or "")
             if marker in body and note.get("type") != "DiffNote":
                 return PostedReview(
@@ -246,7 +319,14 @@ class GitLabClient:
         return None
 
     async def post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview:
-        """Post inline discussions then the summary note, skipping what a retry already posted."""
+        """Post inline discussions then the summary note, skipping what a retry already posted;
+        raises ForgeNotFound only when the MR itself is gone."""
+        try:
+            return await self._post_review(repo, number, review)
+        except ForgeNotFound as exc:
+            raise await self._explain_not_found(repo, number, exc, what="a review post") from exc
+
+    async def _post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview:
         marker = render_marker(review.job_id)
         notes = await self._list_notes(repo, number)
         for note in notes:
@@ -268,6 +348,7 @@ class GitLabClient:
         if lines is None and review.comments:
             await self.fetch_changes(repo, number)
             lines = self._diffs.get((repo, number, head_sha), {})
+        old_paths = self._old_paths.get((repo, number, head_sha), {})
         posted = 0
         rejected: list[InlineComment] = []
         for comment in review.comments:
@@ -281,6 +362,7 @@ class GitLabClient:
                 start_sha=start_sha,
                 head_sha=head_sha,
                 lines=(lines or {}).get(comment.path),
+                old_path=old_paths.get(comment.path),
             )
             try:
                 await self._create_discussion(repo, number, body, position, file_path=comment.path)
@@ -463,15 +545,17 @@ def build_position(
     start_sha: str,
     head_sha: str,
     lines: DiffLines | None,
+    old_path: str | None = None,
 ) -> dict[str, Any]:
-    """Build a text position; an unchanged line needs both old_line and new_line."""
+    """Build a text position; an unchanged line needs both old_line and new_line, and a renamed
+    file its path before the rename as `old_path` (GitLab finds no line code otherwise)."""
     position: dict[str, Any] = {
         "position_type": "text",
         "base_sha": base_sha,
         "start_sha": start_sha,
         "head_sha": head_sha,
         "new_path": comment.path,
-        "old_path": comment.path,
+        "old_path": old_path or comment.path,
     }
     old_line: int | None
     new_line: int | None
