@@ -1,4 +1,4 @@
-"""`bot report NAME`: admin reports over the report views of migration 0002.
+"""`bot report NAME`: admin reports over the report views and functions of the migrations.
 
 Reports only read, in read-only transactions, so they run under a role that can do nothing
 else. Create it once (as the role that runs the migrations):
@@ -61,114 +61,23 @@ def _window(column: str, *, repo: bool = True) -> str:
     return " AND ".join(clauses)
 
 
-def _percentile(share: float, column: str, name: str) -> str:
-    return (
-        f"round((percentile_cont({share}) WITHIN GROUP (ORDER BY {column}))::numeric, 3) AS {name}"
-    )
+# The aggregate reports are SQL functions of migration 0014 (the psql views of the same names
+# call them with their defaults): waits by level, service time, workers and repositories.
+WINDOW = "CAST(:since AS timestamptz), CAST(:until AS timestamptz), CAST(:repo AS text)"
 
-
-# Waits and turnaround per level at intake (and for all levels), for jobs that arrived in the
-# window. A breach is a wait past the level's threshold: a job that started late, or one still
-# waiting at :as_of (the window's end, or now) longer than the threshold.
 WAITS = text(
     f"""
-    WITH w AS (SELECT * FROM report_waits WHERE {_window("enqueued_at")}),
-    t AS (
-        SELECT * FROM (VALUES (0, CAST(:t0 AS float8)), (1, CAST(:t1 AS float8)),
-                              (2, CAST(:t2 AS float8))) AS t(level, threshold_s)
-    )
-    SELECT CASE WHEN GROUPING(w.level) = 1 THEN 'all' ELSE 'P' || w.level END AS level,
-           count(*) AS jobs, count(w.wait_s) AS started,
-           count(*) FILTER (WHERE w.first_started_at IS NULL AND w.finished_at IS NULL)
-               AS waiting,
-           round(avg(w.wait_s)::numeric, 3) AS mean_wait_s,
-           {_percentile(0.50, "w.wait_s", "p50_wait_s")},
-           {_percentile(0.95, "w.wait_s", "p95_wait_s")},
-           {_percentile(0.99, "w.wait_s", "p99_wait_s")},
-           round(max(w.wait_s)::numeric, 3) AS max_wait_s,
-           count(*) FILTER (
-               WHERE w.wait_s > t.threshold_s
-                  OR (w.first_started_at IS NULL AND w.finished_at IS NULL
-                      AND EXTRACT(EPOCH FROM CAST(:as_of AS timestamptz) - w.ready_at)
-                          > t.threshold_s)
-           ) AS breaches,
-           round(avg(w.turnaround_s)::numeric, 3) AS mean_turnaround_s,
-           {_percentile(0.50, "w.turnaround_s", "p50_turnaround_s")},
-           {_percentile(0.95, "w.turnaround_s", "p95_turnaround_s")},
-           {_percentile(0.99, "w.turnaround_s", "p99_turnaround_s")},
-           round(max(w.turnaround_s)::numeric, 3) AS max_turnaround_s
-    FROM w LEFT JOIN t ON t.level = w.level
-    GROUP BY GROUPING SETS ((w.level), ())
-    ORDER BY GROUPING(w.level), w.level
+    SELECT * FROM report_waits_by_level({WINDOW},
+        CAST(:t0 AS float8), CAST(:t1 AS float8), CAST(:t2 AS float8),
+        CAST(:as_of AS timestamptz))
     """
 )
 
-# Service time (GPU seconds per finished review) per level and overall.
-DURATIONS = text(
-    f"""
-    SELECT CASE WHEN GROUPING(level) = 1 THEN 'all' ELSE 'P' || level END AS level,
-           count(*) AS jobs,
-           round(avg(gpu_seconds)::numeric, 3) AS mean_s,
-           {_percentile(0.50, "gpu_seconds", "p50_s")},
-           {_percentile(0.95, "gpu_seconds", "p95_s")},
-           {_percentile(0.99, "gpu_seconds", "p99_s")},
-           round(max(gpu_seconds)::numeric, 3) AS max_s,
-           round(stddev_pop(gpu_seconds)::numeric, 3) AS stddev_s,
-           round((percentile_cont(0.99) WITHIN GROUP (ORDER BY gpu_seconds)
-                  / NULLIF(percentile_cont(0.50) WITHIN GROUP (ORDER BY gpu_seconds), 0)
-                 )::numeric, 3) AS p99_over_p50,
-           round((stddev_pop(gpu_seconds) / NULLIF(avg(gpu_seconds), 0))::numeric, 3)
-               AS stddev_over_mean
-    FROM report_waits
-    WHERE state = 'done' AND gpu_seconds > 0 AND {_window("enqueued_at")}
-    GROUP BY GROUPING SETS ((level), ())
-    ORDER BY GROUPING(level), level
-    """
-)
+DURATIONS = text(f"SELECT * FROM report_durations({WINDOW})")
 
-# Chunks, GPU and busy time per worker and hour (hour empty: the worker's whole window).
-# utilization = busy seconds / (slots x seconds of the span).
-WORKERS = text(
-    f"""
-    SELECT worker,
-           date_trunc('hour', finished_at AT TIME ZONE 'UTC') AS hour,
-           count(*) AS chunks, count(DISTINCT job_id) AS jobs,
-           round(sum(gpu_seconds)::numeric, 3) AS gpu_s,
-           round(sum(busy_s)::numeric, 3) AS busy_s,
-           round((sum(busy_s) / (CAST(:slots AS float8) * CASE
-               WHEN GROUPING(date_trunc('hour', finished_at AT TIME ZONE 'UTC')) = 0 THEN 3600.0
-               ELSE GREATEST(EXTRACT(EPOCH FROM max(finished_at) - min(started_at)), 1.0)
-           END))::numeric, 4) AS utilization
-    FROM report_chunks
-    WHERE state = 'done' AND {_window("finished_at")}
-    GROUP BY GROUPING SETS ((worker, date_trunc('hour', finished_at AT TIME ZONE 'UTC')),
-                            (worker))
-    ORDER BY worker, GROUPING(date_trunc('hour', finished_at AT TIME ZONE 'UTC')), hour
-    """
-)
+WORKERS = text(f"SELECT * FROM report_workers({WINDOW}, CAST(:slots AS integer))")
 
-# Slowest repositories first, with each one's largest review.
-REPOS = text(
-    f"""
-    WITH w AS (SELECT * FROM report_waits WHERE {_window("enqueued_at")}),
-    largest AS (
-        SELECT DISTINCT ON (forge, repo) forge, repo, job_id, total_lines
-        FROM w ORDER BY forge, repo, total_lines DESC, job_id
-    )
-    SELECT w.forge, w.repo, count(*) AS jobs,
-           round(avg(w.wait_s)::numeric, 3) AS mean_wait_s,
-           {_percentile(0.95, "w.wait_s", "p95_wait_s")},
-           round(avg(w.turnaround_s)::numeric, 3) AS mean_turnaround_s,
-           round(max(w.turnaround_s)::numeric, 3) AS max_turnaround_s,
-           round(sum(w.gpu_seconds)::numeric, 3) AS gpu_s,
-           round(avg(w.total_lines)::numeric, 1) AS mean_lines,
-           max(largest.total_lines) AS largest_lines, max(largest.job_id) AS largest_job_id
-    FROM w JOIN largest ON largest.forge = w.forge AND largest.repo = w.repo
-    GROUP BY w.forge, w.repo
-    ORDER BY avg(w.turnaround_s) DESC NULLS LAST, w.repo
-    LIMIT :limit
-    """
-)
+REPOS = text(f"SELECT * FROM report_repos({WINDOW}, CAST(:limit AS bigint))")
 
 # The largest reviews by changed lines.
 LARGEST = text(
