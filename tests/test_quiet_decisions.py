@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from bot.model import FileChange
 from bot.review.assemble import SkippedFile
 from bot.review.fingerprint import FingerprintedFinding, fingerprint_findings
+from bot.review.increment import level_note, narrow_by_compare, narrow_by_versions
 from bot.review.living_summary import (
     SUMMARY_MARKER,
     ListedFinding,
@@ -169,3 +171,64 @@ def test_the_living_summary_says_what_was_covered_how_findings_stand_and_why() -
     assert "A credential" in still_open and "eval" not in still_open
     assert "`package-lock.json`: lock file" in text
     assert "`1234567890ab` (full), `abcdef12` (incremental)" in text
+
+
+TWO_HUNKS = "\n".join(
+    [
+        "@@ -1,2 +1,3 @@",
+        " a = 1",
+        "+b = 2",
+        " c = 3",
+        "@@ -40,2 +41,3 @@",
+        " x = 1",
+        "+y = 2",
+        " z = 3",
+    ]
+)
+PR_FILES = [
+    FileChange("app/a.py", 2, 0, TWO_HUNKS),
+    FileChange("app/b.py", 1, 0, "@@ -1 +1,2 @@\n q = 1\n+r = 2"),
+]
+
+
+def test_a_compare_keeps_only_the_pull_requests_hunks_it_touched() -> None:
+    # The compare changed line 42 of app/a.py (the second hunk) and a file outside the PR.
+    increment = narrow_by_compare(
+        PR_FILES,
+        since="1" * 40,
+        status="ahead",
+        compared={"app/a.py": "@@ -41,2 +41,2 @@\n x = 1\n-y = 1\n+y = 2", "docs/x.md": None},
+    )
+    assert increment.mode == "incremental"
+    [narrowed] = increment.files
+    assert narrowed.path == "app/a.py" and narrowed.additions == 1
+    assert (
+        narrowed.patch is not None and "+y = 2" in narrowed.patch and "b = 2" not in narrowed.patch
+    )
+    assert increment.unchanged == ("app/b.py",)
+    assert "1 file changed since the last review" in increment.reason
+
+
+def test_rewritten_history_means_a_full_review_that_says_why() -> None:
+    for increment in (
+        narrow_by_compare(PR_FILES, since="a" * 40, status="diverged", compared={}),
+        narrow_by_versions(PR_FILES, since="a" * 40, ancestor=False, previous={}),
+    ):
+        assert increment.mode == "full" and increment.files == tuple(PR_FILES)
+        assert "history was rewritten" in increment.reason and "aaaaaaaaaaaa" in increment.reason
+        assert level_note(increment) is None
+
+
+def test_a_diff_version_keeps_the_hunks_the_old_version_did_not_show() -> None:
+    old_a = TWO_HUNKS.replace("+y = 2", "+y = 9")
+    increment = narrow_by_versions(
+        PR_FILES,
+        since="b" * 40,
+        ancestor=True,
+        previous={"app/a.py": old_a, "app/b.py": PR_FILES[1].patch},
+    )
+    [narrowed] = increment.files
+    assert narrowed.patch == "\n".join(TWO_HUNKS.splitlines()[4:])
+    assert increment.unchanged == ("app/b.py",)
+    note = level_note(increment)
+    assert note is not None and "1 file(s), 1 changed line(s)" in note

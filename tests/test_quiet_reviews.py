@@ -21,9 +21,10 @@ from bot.forges.emulator import (
     build_gitlab_merge_request_event,
     send_webhook,
 )
+from bot.forges.emulator_quiet import open_pull_from_trees, push_tree
 from bot.forges.registry import ForgeRegistry
 from bot.llm.simulated import SimulatedBackend
-from bot.model import FileChange, JobState
+from bot.model import FileChange, Job, JobState, Level
 from bot.policy import load_policy_book
 from bot.queue.findings import FindingStore, PullRef
 from bot.queue.store import QueueStore
@@ -273,3 +274,77 @@ async def test_a_finding_is_said_once_the_summary_is_edited_in_place_and_fixes_r
         assert len(resolved) == 1 and resolved[0].data["resolved"] is True
         todo = next(d for d in pull.discussions if "TODO" in d["notes"][0]["body"])
         assert todo["notes"][0]["resolved"] is True
+
+
+def module(index: int) -> str:
+    return f"def step_{index}(value: int) -> int:\n    return value + {index}\n"
+
+
+BASE_TREE = {"README.md": "# shop\n", "app/core.py": "def core() -> None:\n    return None\n"}
+# 41 new modules: a large change the policy puts at P2 (40 files or more).
+HEAD_TREE = {**BASE_TREE, **{f"app/steps/step_{i}.py": module(i) for i in range(41)}}
+SMELL = "def run(command: str) -> object:\n    return eval(command)\n"
+
+
+async def chunk_paths(store: QueueStore, job_id: int) -> set[str]:
+    return {
+        str(file["path"]) for chunk in await store.chunk_results(job_id) for file in chunk.files
+    }
+
+
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
+async def test_pushes_are_reviewed_incrementally_and_a_force_push_in_full_with_its_reason(
+    bot: QuietBot, emulator: ForgeEmulator, store: QueueStore, forge: str
+) -> None:
+    repo = "acme/shop" if forge == "github" else "acme/platform/api"
+    state = emulator.state
+    pull = open_pull_from_trees(state, forge, repo, 9, base=BASE_TREE, head=HEAD_TREE)  # type: ignore[arg-type]
+    first = await bot.send(pull, action="opened")
+    await bot.review()
+    job = await store.get_job(first)
+    assert job is not None and job.state == JobState.DONE and job.level == Level.P2
+    assert len(await chunk_paths(store, first)) == 41
+    assert inline_bodies(emulator, pull) == []
+
+    async def push(tree: dict[str, str], **options: Any) -> Job:
+        before = pull.newest.head_sha
+        push_tree(state, forge, repo, 9, tree, **options)  # type: ignore[arg-type]
+        job_id = await bot.send(pull, action="synchronize", before=before)
+        await bot.review()
+        done = await store.get_job(job_id)
+        assert done is not None and done.state == JobState.DONE, done
+        return done
+
+    # Push 1 adds a known smell in one new file: only that file is reviewed, at P1.
+    smelly = {**HEAD_TREE, "app/run.py": SMELL}
+    second = await push(smelly)
+    assert await chunk_paths(store, second.id) == {"app/run.py"}
+    assert second.level == Level.P1
+    if forge == "github":  # GitLab hooks carry no sizes: its intake level was P1 already
+        moves = [e for e in await store.job_history(second.id) if e.kind == "level"]
+        assert moves and "judged on the increment" in str(moves[-1].reason)
+    [smell] = inline_bodies(emulator, pull)
+    assert "unsafe" in smell
+    [summary] = summaries(emulator, pull)
+    assert "incremental, since" in summary["body"]
+    level_line = next(line for line in summary["body"].splitlines() if "**Level:**" in line)
+    assert level_line.startswith("**Level:** P1") and "judged on the increment" in level_line
+
+    # Push 2 touches only an unrelated file: its review covers only that file.
+    unrelated = {**smelly, "README.md": "# shop\n\nThe shop's backend.\n"}
+    third = await push(unrelated)
+    assert await chunk_paths(store, third.id) == {"README.md"}
+    readme_pr = {**unrelated, "app/steps/step_3.py": module(3) + "# tuned\n"}
+    fourth = await push(readme_pr)
+    assert await chunk_paths(store, fourth.id) == {"app/steps/step_3.py"}
+    assert inline_bodies(emulator, pull) == [smell]
+
+    # A force push rewrites history: a full review that says so, and nothing said twice.
+    rewritten = await push(
+        {**readme_pr, "app/steps/step_4.py": module(4) + "# again\n"}, force=True
+    )
+    assert len(await chunk_paths(store, rewritten.id)) == 43
+    [summary] = summaries(emulator, pull)
+    assert "full review: history was rewritten" in summary["body"]
+    assert inline_bodies(emulator, pull) == [smell]
+    assert summary_edits(emulator, pull) == 4

@@ -6,15 +6,26 @@ Registered by bot.forges.emulator; answers have the shapes GitHub documents
 
 from __future__ import annotations
 
+import difflib
+import hashlib
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from bot.forges.emulator import (
     GITHUB_REPO,
     GITLAB_MR,
+    EmulatedPull,
+    EmulatorState,
     Record,
+    Version,
     _check_repo_token,
     _Context,
     _github_error,
+    _github_file,
+    _github_user,
     _gitlab_pull_of,
     _invalid_request,
     _iso,
@@ -23,6 +34,257 @@ from bot.forges.emulator import (
     _Route,
     _route,
 )
+from bot.model import FileChange, Forge
+
+# -- repository history: commits with whole trees, so compare and contents are real diffs ------
+
+Tree = Mapping[str, str]  # path -> file text
+
+
+@dataclass(slots=True)
+class Commit:
+    """One commit: its parent and the whole tree it records."""
+
+    sha: str
+    parent: str | None
+    tree: dict[str, str]
+
+
+@dataclass(slots=True)
+class RepositoryHistory:
+    """Commits of every emulated repository, and each repository's default-branch tree."""
+
+    commits: dict[str, Commit] = field(default_factory=dict)
+    default_trees: dict[str, dict[str, str]] = field(default_factory=dict)
+    counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def commit(self, tree: Tree, *, parent: str | None, hint: str = "") -> str:
+        sha = hashlib.sha1(f"{hint}:{parent}:{next(self.counter)}".encode()).hexdigest()
+        self.commits[sha] = Commit(sha, parent, dict(tree))
+        return sha
+
+    def ancestors(self, sha: str) -> list[str]:
+        """`sha` and its ancestors, newest first."""
+        chain: list[str] = []
+        current: str | None = sha
+        while current is not None and current in self.commits:
+            chain.append(current)
+            current = self.commits[current].parent
+        return chain
+
+
+_HISTORIES: WeakKeyDictionary[EmulatorState, RepositoryHistory] = WeakKeyDictionary()
+
+
+def history_of(state: EmulatorState) -> RepositoryHistory:
+    """The repository history kept alongside an emulator state."""
+    if state not in _HISTORIES:
+        _HISTORIES[state] = RepositoryHistory()
+    return _HISTORIES[state]
+
+
+def diff_trees(old: Tree, new: Tree) -> list[FileChange]:
+    """The files two trees differ in, with unified-diff patches as the forges show them."""
+    changes: list[FileChange] = []
+    for path in sorted(set(old) | set(new)):
+        before, after = old.get(path), new.get(path)
+        if before == after:
+            continue
+        lines = list(
+            difflib.unified_diff(
+                (before or "").splitlines(), (after or "").splitlines(), lineterm="", n=3
+            )
+        )[2:]
+        additions = sum(1 for line in lines if line.startswith("+"))
+        deletions = sum(1 for line in lines if line.startswith("-"))
+        status = "added" if before is None else "removed" if after is None else "modified"
+        changes.append(FileChange(path, additions, deletions, "\n".join(lines) or None, status))
+    return changes
+
+
+def open_pull_from_trees(
+    state: EmulatorState,
+    forge: Forge,
+    repo: str,
+    number: int,
+    *,
+    base: Tree,
+    head: Tree,
+    **options: Any,
+) -> EmulatedPull:
+    """Seed a pull request whose base and head are commits with whole trees."""
+    history = history_of(state)
+    history.default_trees.setdefault(repo, dict(base))
+    base_sha = history.commit(base, parent=None, hint=f"{repo}:base")
+    head_sha = history.commit(head, parent=base_sha, hint=f"{repo}:{number}")
+    return state.add_pull(
+        forge,
+        repo,
+        number,
+        files=diff_trees(base, head),
+        base_sha=base_sha,
+        head_sha=head_sha,
+        **options,
+    )
+
+
+def push_tree(
+    state: EmulatorState,
+    forge: Forge,
+    repo: str,
+    number: int,
+    tree: Tree,
+    *,
+    force: bool = False,
+    base: Tree | None = None,
+) -> Version:
+    """Push a commit with this tree on the head (`force`: rewritten history, on the base;
+    `base`: onto a new base commit with this tree, as a rebase does)."""
+    history = history_of(state)
+    pull = state.get_pull(forge, repo, number)
+    base_sha = pull.newest.base_sha
+    if base is not None:
+        base_sha = history.commit(base, parent=base_sha, hint=f"{repo}:rebase-base")
+        history.default_trees[repo] = dict(base)
+        force = True
+    parent = base_sha if force else pull.newest.head_sha
+    head_sha = history.commit(tree, parent=parent, hint=f"{repo}:{number}:push")
+    version = state.push(
+        forge,
+        repo,
+        number,
+        files=diff_trees(history.commits[base_sha].tree, tree),
+        head_sha=head_sha,
+    )
+    version.base_sha = version.start_sha = base_sha
+    return version
+
+
+def _commit_json(state: EmulatorState, repo: str, commit: Commit) -> dict[str, Any]:
+    api = f"https://api.github.com/repos/{repo}"
+    person = {"name": "Octo Cat", "email": "octocat@example.com", "date": "2026-01-05T09:00:00Z"}
+    return {
+        "url": f"{api}/commits/{commit.sha}",
+        "sha": commit.sha,
+        "node_id": f"C_{commit.sha[:16]}",
+        "html_url": f"https://github.com/{repo}/commit/{commit.sha}",
+        "comments_url": f"{api}/commits/{commit.sha}/comments",
+        "commit": {
+            "url": f"{api}/git/commits/{commit.sha}",
+            "author": person,
+            "committer": person,
+            "message": f"Commit {commit.sha[:7]}",
+            "comment_count": 0,
+            "tree": {"sha": commit.sha, "url": f"{api}/git/trees/{commit.sha}"},
+        },
+        "author": _github_user(state, "octocat"),
+        "committer": _github_user(state, "octocat"),
+        "parents": (
+            [{"sha": commit.parent, "url": f"{api}/commits/{commit.parent}"}]
+            if commit.parent
+            else []
+        ),
+    }
+
+
+async def _github_compare(ctx: _Context) -> Any:
+    repo = f"{ctx.params['owner']}/{ctx.params['repo']}"
+    _check_repo_token(ctx, repo)
+    base, separator, head = ctx.params["basehead"].partition("...")
+    history = history_of(ctx.state)
+    if not separator or base not in history.commits or head not in history.commits:
+        raise _github_error(404, "Not Found")
+    head_chain, base_chain = history.ancestors(head), history.ancestors(base)
+    merge_base = next((sha for sha in head_chain if sha in set(base_chain)), base)
+    ahead_by = head_chain.index(merge_base) if merge_base in head_chain else len(head_chain)
+    behind_by = base_chain.index(merge_base) if merge_base in base_chain else len(base_chain)
+    if base == head:
+        status = "identical"
+    elif behind_by == 0:
+        status = "ahead"
+    elif ahead_by == 0:
+        status = "behind"
+    else:
+        status = "diverged"
+    files = diff_trees(history.commits[merge_base].tree, history.commits[head].tree)
+    pull_like = next(
+        (pull for pull in ctx.state.pulls.values() if pull.repo == repo),
+        None,
+    )
+    commits = [history.commits[sha] for sha in reversed(head_chain[:ahead_by])]
+    html = f"https://github.com/{repo}/compare/{base}...{head}"
+    return {
+        "url": f"https://api.github.com/repos/{repo}/compare/{base}...{head}",
+        "html_url": html,
+        "permalink_url": html,
+        "diff_url": f"{html}.diff",
+        "patch_url": f"{html}.patch",
+        "base_commit": _commit_json(ctx.state, repo, history.commits[base]),
+        "merge_base_commit": _commit_json(ctx.state, repo, history.commits[merge_base]),
+        "status": status,
+        "ahead_by": ahead_by,
+        "behind_by": behind_by,
+        "total_commits": ahead_by,
+        "commits": [_commit_json(ctx.state, repo, commit) for commit in commits],
+        "files": [_github_file(pull_like, item) for item in files] if pull_like else [],
+    }
+
+
+def _gitlab_project_path(ctx: _Context) -> str:
+    raw = ctx.params["project"]
+    if raw.isdigit():
+        path = next((key for key, value in ctx.state.projects.items() if value == int(raw)), None)
+    else:
+        path = raw if raw in ctx.state.projects else None
+    if path is None:
+        raise _Reply(404, {"message": "404 Project Not Found"})
+    return path
+
+
+async def _gitlab_merge_base(ctx: _Context) -> Any:
+    _gitlab_project_path(ctx)
+    refs = ctx.request.query.getall("refs[]", [])
+    history = history_of(ctx.state)
+    if len(refs) < 2 or any(ref not in history.commits for ref in refs):
+        raise _Reply(400, {"message": "Provide at least 2 refs"})
+    first = set(history.ancestors(refs[0]))
+    common = next((sha for sha in history.ancestors(refs[1]) if sha in first), None)
+    if common is None:
+        raise _Reply(404, {"message": "404 Merge Base Not Found"})
+    return {"id": common, "short_id": common[:8], "title": f"Commit {common[:7]}"}
+
+
+async def _gitlab_version(ctx: _Context) -> Any:
+    pull = _gitlab_pull_of(ctx)
+    version_id = int(ctx.params["version_id"])
+    version = next((item for item in pull.versions if item.id == version_id), None)
+    if version is None:
+        raise _Reply(404, {"message": "404 Not found"})
+    diffs = [
+        {
+            "old_path": item.previous_path or item.path,
+            "new_path": item.path,
+            "new_file": item.status == "added",
+            "renamed_file": item.status == "renamed",
+            "deleted_file": item.status == "removed",
+            "too_large": item.patch is None and item.changed_lines > 0,
+            "collapsed": False,
+            "diff": "" if item.patch is None else item.patch + "\n",
+        }
+        for item in version.files
+    ]
+    return {
+        "id": version.id,
+        "head_commit_sha": version.head_sha,
+        "base_commit_sha": version.base_sha,
+        "start_commit_sha": version.start_sha,
+        "created_at": version.created_at.isoformat().replace("+00:00", "Z"),
+        "merge_request_id": pull.id,
+        "state": "collected",
+        "real_size": str(len(version.files)),
+        "commits": [],
+        "diffs": diffs,
+    }
 
 
 def _find_github_comment(ctx: _Context) -> tuple[Any, dict[str, Any]]:
@@ -109,6 +371,19 @@ async def _gitlab_resolve_discussion(ctx: _Context) -> Any:
 
 
 QUIET_ROUTES: tuple[_Route, ...] = (
+    _route(
+        "github.compare", "GET", f"{GITHUB_REPO}/compare/{{basehead}}", _github_compare, "github"
+    ),
+    _route(
+        "gitlab.merge_base",
+        "GET",
+        "/api/v4/projects/{project}/repository/merge_base",
+        _gitlab_merge_base,
+        "gitlab",
+    ),
+    _route(
+        "gitlab.version", "GET", f"{GITLAB_MR}/versions/{{version_id}}", _gitlab_version, "gitlab"
+    ),
     _route(
         "github.comments.edit",
         "PATCH",

@@ -13,10 +13,11 @@ from typing import Any, Protocol, cast
 
 import gitlab
 
-from bot.errors import ForgeError
-from bot.forges.base import ForgeClient, ReviewToPost, append_marker
+from bot.errors import ForgeError, ForgeNotFound
+from bot.forges.base import ForgeClient, PullChanges, ReviewToPost, append_marker
 from bot.forges.github import GitHubClient, split_repo
-from bot.forges.gitlab import GitLabClient, build_position
+from bot.forges.gitlab import GitLabClient, build_position, file_change_from_gitlab
+from bot.review.increment import Increment, full_review, narrow_by_compare, narrow_by_versions
 from bot.review.living_summary import SUMMARY_MARKER
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,10 @@ class QuietForge(Protocol):
     ) -> PostedFindings: ...
 
     async def resolve_finding(self, repo: str, number: int, ref: str) -> bool: ...
+
+    async def increment_since(
+        self, repo: str, number: int, *, since: str, changes: PullChanges
+    ) -> Increment: ...
 
 
 def with_summary_marker(body: str) -> str:
@@ -140,6 +145,38 @@ class GitHubQuiet:
     async def resolve_finding(self, repo: str, number: int, ref: str) -> bool:
         """GitHub has no resolving by REST: the summary says it is resolved."""
         return False
+
+    async def increment_since(
+        self, repo: str, number: int, *, since: str, changes: PullChanges
+    ) -> Increment:
+        """The PR's hunks the compare of `since` with the head touches (its files only)."""
+        owner, name = split_repo(repo)
+        url_vars = {
+            "owner": owner,
+            "repo": name,
+            "basehead": f"{since}...{changes.head_sha}",
+        }
+        api = self.client._api
+
+        async def compare(token: str) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                await api.getitem(
+                    "/repos/{owner}/{repo}/compare/{basehead}", url_vars, oauth_token=token
+                ),
+            )
+
+        try:
+            answer = await self.client._call("compare", compare, repo=repo)
+        except ForgeNotFound:
+            return full_review(changes.files, f"`{since[:12]}` is gone from the repository")
+        compared = {
+            str(item["filename"]): (str(item["patch"]) if item.get("patch") else None)
+            for item in answer.get("files") or ()
+        }
+        return narrow_by_compare(
+            changes.files, since=since, status=str(answer.get("status")), compared=compared
+        )
 
 
 class GitLabQuiet:
@@ -258,6 +295,66 @@ class GitLabQuiet:
 
         await self.client._call("resolve_discussion", resolve)
         return True
+
+    async def increment_since(
+        self, repo: str, number: int, *, since: str, changes: PullChanges
+    ) -> Increment:
+        """The MR's hunks its diff version of `since` did not show; full if history changed."""
+        project = self.client._project(repo)
+        base = self._base(repo, number)
+
+        def merge_base(gl: gitlab.Gitlab) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                gl.http_get(
+                    f"/projects/{project}/repository/merge_base",
+                    query_data={"refs[]": [since, changes.head_sha]},
+                    obey_rate_limit=False,
+                ),
+            )
+
+        def versions(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
+            return cast(
+                list[dict[str, Any]],
+                gl.http_list(f"{base}/versions", get_all=True, obey_rate_limit=False),
+            )
+
+        try:
+            found = await self.client._call("merge_base", merge_base)
+        except ForgeNotFound:
+            return full_review(changes.files, f"`{since[:12]}` is gone from the repository")
+        except ForgeError as exc:
+            if exc.status != 400:
+                raise
+            return full_review(changes.files, f"`{since[:12]}` is gone from the repository")
+        ancestor = str(found.get("id") or "") == since
+        if not ancestor:
+            return narrow_by_versions(changes.files, since=since, ancestor=False, previous={})
+        version = next(
+            (
+                item
+                for item in await self.client._call("fetch_versions", versions)
+                if item.get("head_commit_sha") == since
+            ),
+            None,
+        )
+        if version is None:
+            return full_review(
+                changes.files, f"`{since[:12]}` is not among the merge request's diff versions"
+            )
+
+        def version_diffs(gl: gitlab.Gitlab) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                gl.http_get(f"{base}/versions/{version['id']}", obey_rate_limit=False),
+            )
+
+        detail = await self.client._call("fetch_version", version_diffs)
+        previous = {
+            change.path: change.patch
+            for change in (file_change_from_gitlab(item) for item in detail.get("diffs") or ())
+        }
+        return narrow_by_versions(changes.files, since=since, ancestor=True, previous=previous)
 
 
 def quiet_forge_for(client: ForgeClient) -> QuietForge | None:

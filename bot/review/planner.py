@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -18,12 +18,15 @@ from bot.queue.store import QueueStore
 from bot.review.assemble import classify_skipped_file
 from bot.review.chunking import DEFAULT_LINE_BUDGET, plan_chunks
 from bot.review.deferral import RetryBudget, defer_or_fail
+from bot.review.narrow import ReviewScope
 from bot.sched.mlfq import ServiceEstimator, rank_chunks
 
 log = logging.getLogger(__name__)
 
 PlanningResult = Literal["planned", "deferred", "cancelled", "failed"]
 REQUEST_FIELDS = frozenset(ReviewRequest.__dataclass_fields__)
+# Narrows a fetched diff to what the review covers (quiet reviews: the increment).
+ScopeReview = Callable[[Job, PullChanges], Awaitable[ReviewScope]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,7 @@ async def plan_one_job(
     now: datetime,
     estimator: ServiceEstimator | None = None,
     settings: PlanningSettings | None = None,
+    scope_review: ScopeReview | None = None,
 ) -> PlanningOutcome:
     """Plan one job; forge errors end it (404: cancelled) or defer it with a bounded backoff."""
     settings = settings or PlanningSettings()
@@ -168,6 +172,7 @@ async def plan_one_job(
             project_id=job.request.get("project_id"),
             installation_id=job.request.get("installation_id"),
         )
+        scope = await scope_review(job, changes) if scope_review is not None else None
     except ForgeNotFound as exc:
         reason = f"the change is gone on {job.forge}: {exc}"
         await store.finish_job(
@@ -179,6 +184,12 @@ async def plan_one_job(
         return PlanningOutcome(job.id, "cancelled", detail=reason)
     except ForgeError as exc:
         return await _defer_or_fail(store, job, exc, now=now, settings=settings)
+    if scope is not None and scope.wait_for is not None:
+        # The next review starts from the head the one underway reviews: plan after it.
+        detail = f"plans after review {scope.wait_for} of the same pull request"
+        return PlanningOutcome(job.id, "deferred", detail=detail)
+    if scope is not None:
+        changes = scope.changes
     try:
         plan = build_review_plan(
             job, changes, book, line_budget=settings.line_budget, estimator=estimator
@@ -194,6 +205,12 @@ async def plan_one_job(
             job.id, now=now, state=JobState.CANCELLED, error=reason, actor="policy"
         )
         return PlanningOutcome(job.id, "cancelled", detail=reason)
+    details = plan.details
+    if scope is not None:
+        details = {**details, **scope.details}
+        if scope.level_note and plan.decision is not None:
+            reasons = (*plan.decision.reasons, scope.level_note)
+            plan = replace(plan, decision=replace(plan.decision, reasons=reasons))
     stored = await store.plan_job(
         job.id,
         plan.chunks,
@@ -203,7 +220,7 @@ async def plan_one_job(
         files_changed=plan.files_changed,
         additions=plan.additions,
         deletions=plan.deletions,
-        details=plan.details,
+        details=details,
     )
     if not stored:
         return PlanningOutcome(job.id, "planned", detail="planned already by another process")
@@ -246,6 +263,7 @@ async def plan_next_jobs(
     limit: int = 10,
     estimator: ServiceEstimator | None = None,
     settings: PlanningSettings | None = None,
+    scope_review: ScopeReview | None = None,
 ) -> list[PlanningOutcome]:
     """Claim and plan up to `limit` unplanned jobs (their retry time reached); returns what
     happened."""
@@ -255,7 +273,14 @@ async def plan_next_jobs(
     )
     return [
         await plan_one_job(
-            store, forges, policy, job, now=now, estimator=estimator, settings=settings
+            store,
+            forges,
+            policy,
+            job,
+            now=now,
+            estimator=estimator,
+            settings=settings,
+            scope_review=scope_review,
         )
         for job in jobs
     ]

@@ -30,6 +30,7 @@ from bot.policy import PolicyBook
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
 from bot.review.deferral import RetryBudget, defer_or_fail
+from bot.review.narrow import IncrementNarrower
 from bot.review.parse import parse_review
 from bot.review.planner import PlanningSettings, plan_next_jobs
 from bot.sched.mlfq import ServiceEstimator
@@ -290,6 +291,8 @@ class ReviewPipeline:
     ) -> None:
         self.metrics = metrics
         self.quiet = quiet
+        # Quiet reviews cover what changed since the last reviewed head.
+        self.scope_review = IncrementNarrower(quiet.findings, forges) if quiet is not None else None
         self.store = store
         self.forges = forges
         self.policy = policy
@@ -308,6 +311,7 @@ class ReviewPipeline:
             limit=self.plan_limit,
             estimator=estimator,
             settings=self.planning,
+            scope_review=self.scope_review,
         )
         for outcome in outcomes:
             if outcome.result == "planned" and outcome.chunks == 0 and not outcome.detail:

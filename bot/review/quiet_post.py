@@ -145,6 +145,7 @@ def summary_facts(
     commits: Sequence[ReviewedCommit],
     rejected: int,
     settings: QuietSettings,
+    level_reasons: Sequence[str] = (),
 ) -> SummaryFacts:
     """What the living summary says after this review (pure)."""
     increment: Mapping[str, Any] = job.request.get("increment") or {}
@@ -176,7 +177,7 @@ def summary_facts(
         mode=mode,
         mode_reason=reason,
         level=str(job.level),
-        level_reasons=list(job.reasons),
+        level_reasons=_with_note(list(level_reasons or job.reasons), increment.get("level_note")),
         new=new,
         resolved=[listed_stored(item) for item in decision.resolved],
         open_findings=open_findings,
@@ -186,6 +187,12 @@ def summary_facts(
         notes=notes,
         job_id=job.id,
     )
+
+
+def _with_note(reasons: list[str], note: Any) -> list[str]:
+    if note and not any(str(note) in reason for reason in reasons):
+        reasons.append(str(note))
+    return reasons
 
 
 async def upsert_summary(quiet: QuietForge, job: Job, body: str) -> int:
@@ -320,6 +327,9 @@ async def _post(
     increment: Mapping[str, Any] = job.request.get("increment") or {}
     commits.append(ReviewedCommit(job.head_sha, str(increment.get("mode") or "full")))
     rejected = len(posted.rejected) if posted is not None else 0
+    # A level moved after intake (the policy's look at the increment) says why in the history.
+    moves = [entry for entry in await store.job_history(job.id) if entry.kind == "level"]
+    level_reasons = [moves[-1].reason] if moves and moves[-1].reason else []
     body = render_living_summary(
         summary_facts(
             job,
@@ -328,6 +338,7 @@ async def _post(
             commits=commits,
             rejected=rejected,
             settings=quiet_settings,
+            level_reasons=level_reasons,
         )
     )
     summary_id = await upsert_summary(quiet, job, body)
