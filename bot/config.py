@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bot.database_url import normalize_database_url
 from bot.errors import ConfigError
-from bot.model import Level
+from bot.model import SEVERITIES, Level
 from bot.sched.window import (
     DEFAULT_WINDOW_CEILING,
     DEFAULT_WINDOW_FLOOR,
@@ -166,8 +166,6 @@ def _numbers(environ: Mapping[str, str], name: str, count: int) -> tuple[float, 
 
 
 def _named_severity(environ: Mapping[str, str], name: str, default: str) -> str:
-    from bot.review.parse import SEVERITIES
-
     raw = (environ.get(name) or default).strip().lower()
     if raw not in SEVERITIES:
         raise ConfigError(f"{name} must be one of {', '.join(SEVERITIES)}, got {raw!r}")

@@ -37,6 +37,9 @@ class Level(enum.IntEnum):
 
 LEVELS: tuple[Level, ...] = (Level.P0, Level.P1, Level.P2, Level.P3)
 
+# Severities of a review finding, most severe first.
+SEVERITIES: tuple[str, ...] = ("critical", "major", "minor", "info")
+
 
 class JobState(enum.StrEnum):
     """Life cycle of a review job."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.diff import file_value
-from bot.model import Chunk
-from bot.review.parse import SEVERITIES, SEVERITY_RANK, Finding
+from bot.model import SEVERITIES, Chunk
+from bot.review.parse import SEVERITY_RANK, Finding
 
 LOCK_FILES = frozenset(
     {

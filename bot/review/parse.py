@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.diff import SIDES, Side
+from bot.model import SEVERITIES
 
 MAX_FINDINGS_PER_CHUNK = 20
 MAX_BODY_CHARS = 2_000
 MAX_SUMMARY_CHARS = 1_000
 MAX_PATH_CHARS = 1_000
 
-SEVERITIES: tuple[str, ...] = ("critical", "major", "minor", "info")
 SEVERITY_RANK: Mapping[str, int] = {name: rank for rank, name in enumerate(SEVERITIES)}
 SEVERITY_ALIASES: Mapping[str, str] = {
     "blocker": "critical",

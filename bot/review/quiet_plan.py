@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bot.diff import Side
+from bot.model import SEVERITIES
 from bot.review.fingerprint import FingerprintedFinding, loose_key, normalize_code, side_lines
-from bot.review.parse import SEVERITIES, SEVERITY_RANK
+from bot.review.parse import SEVERITY_RANK
 
 FindingState = Literal["open", "resolved"]
 DEFAULT_MIN_INLINE_SEVERITY = "info"

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from bot.model import JobState, Level
-from bot.review.parse import SEVERITIES
+from bot.model import SEVERITIES, JobState, Level
 
 StatusState = Literal["queued", "in_progress", "completed"]
 Conclusion = Literal["success", "neutral", "cancelled", "skipped"]

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from bot.review.parse import SEVERITIES
+from bot.model import SEVERITIES
 from bot.status.decide import StatusReport, findings_at_or_above
 
 # GitHub cuts a commit status description at 140 characters; GitLab's are kept as short.
