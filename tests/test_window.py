@@ -216,11 +216,13 @@ def test_the_ceiling_must_leave_a_place_for_p0_under_max_num_seqs() -> None:
 
 
 def test_an_interval_is_judged_after_enough_completions_and_time() -> None:
-    assert not ready_to_judge(completed=3, elapsed_s=10.0, window=8, settings=SETTINGS)
-    assert ready_to_judge(completed=4, elapsed_s=10.0, window=8, settings=SETTINGS)
-    assert not ready_to_judge(completed=4, elapsed_s=1.0, window=8, settings=SETTINGS)
-    # A window of one completes one chunk at a time: one is enough.
-    assert ready_to_judge(completed=1, elapsed_s=5.0, window=1, settings=SETTINGS)
+    # A full turnover of the window...
+    assert not ready_to_judge(completed=7, elapsed_s=10.0, window=8, settings=SETTINGS)
+    assert ready_to_judge(completed=8, elapsed_s=10.0, window=8, settings=SETTINGS)
+    assert not ready_to_judge(completed=8, elapsed_s=1.0, window=8, settings=SETTINGS)
+    # ...and never fewer than min_completions calls.
+    assert not ready_to_judge(completed=3, elapsed_s=5.0, window=1, settings=SETTINGS)
+    assert ready_to_judge(completed=4, elapsed_s=5.0, window=1, settings=SETTINGS)
 
 
 def test_steps_are_a_share_of_the_window_outside_slow_start() -> None:

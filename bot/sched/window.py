@@ -51,7 +51,7 @@ class WindowSettings:
     # KV-cache usage (0..1) at which more sequences would only make vLLM preempt.
     kv_cache_high: float = 0.95
     # An interval is judged once it holds this many completions (or one window's worth, if
-    # smaller) and lasted at least `min_interval_s`.
+    # larger) and lasted at least `min_interval_s`.
     min_completions: int = 4
     min_interval_s: float = 2.0
     # A grow is kept when tokens/s rose by at least (new/old window) ** min_elasticity: 1 is
@@ -171,7 +171,9 @@ def ready_to_judge(
     *, completed: int, elapsed_s: float, window: int, settings: WindowSettings
 ) -> bool:
     """Whether an interval holds enough to be judged (see WindowSettings.min_completions)."""
-    needed = min(settings.min_completions, max(1, window))
+    # A full turnover of the window at least: tokens arrive in lumps as calls end, and a
+    # shorter interval measures the lumps, not the engine.
+    needed = max(settings.min_completions, window)
     return completed >= needed and elapsed_s >= settings.min_interval_s
 
 
@@ -244,6 +246,9 @@ def adapt_window(
     )
     step = growth_step(state, settings)
     grow_to = window if kv_full else window + step
+    if grow_to >= settings.ceiling:
+        # Nothing left to double into: later moves are steps.
+        measured = replace(measured, slow_start=False)
     grow_reason: WindowReason = "kv_cache_full" if kv_full else "throughput_up"
     previous = state.measured_window
     if state.tokens_per_s is None or state.latency_per_token_s is None or previous is None:
@@ -273,8 +278,9 @@ def adapt_window(
     if state.holds + 1 >= settings.probe_after:
         # Probes alternate up and down, so noise that lets a useless grow pass now and then
         # is met by shrinks that keep the tokens/s: the window does not drift either way.
-        down = state.probe_up or kv_full
-        probe_to = window - step if down else window + step
+        down = state.probe_up or kv_full or window >= settings.ceiling
+        probe_step = max(1, math.ceil(window * settings.growth))
+        probe_to = window - probe_step if down else window + probe_step
         return _decide(replace(measured, probe_up=not down), probe_to, "probe", settings)
     return _decide(measured, window, "hold", settings)
 

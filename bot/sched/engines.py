@@ -1,0 +1,226 @@
+"""Engines: one LLM server (or the in-process engine) each, running a window of chunks.
+
+An engine keeps what its window needs: how many chunks run on it, what the current interval
+showed (completions, tokens, latency, refusals, whether the window was full), and the engine
+time each call was given. Under batching a call's latency is not its cost: `n` calls in flight
+share the engine, so each is charged `dt / n` of every stretch `dt` (processor sharing); the
+charges of all calls add up to the time the engine was busy. Pure bookkeeping: every method
+takes the time as plain seconds from the caller's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bot.sched.window import (
+    EngineLoad,
+    WindowDecision,
+    WindowObservation,
+    WindowReason,
+    WindowSettings,
+    WindowState,
+    adapt_window,
+    initial_window,
+    ready_to_judge,
+)
+
+# An interval counts as full when the window was full for at least this share of it.
+FULL_SHARE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class CallMark:
+    """Where a call started on its engine (to charge its share when it ends)."""
+
+    engine: str
+    started_s: float
+    shared_s: float  # the engine's shared-time clock at the start
+
+
+@dataclass(slots=True)
+class Engine:
+    """One engine's window, load and counters."""
+
+    name: str
+    settings: WindowSettings
+    state: WindowState
+    now_s: float = 0.0
+    in_flight: int = 0
+    busy_s: float = 0.0
+    # Shared-time clock: advances dt / in_flight, so a call's share is its difference.
+    shared_s: float = 0.0
+    last_reason: WindowReason | None = None
+    # The interval being observed.
+    interval_start_s: float = 0.0
+    interval_completed: int = 0
+    interval_tokens: int = 0
+    interval_latency_s: float = 0.0
+    interval_overloads: int = 0
+    interval_full_s: float = 0.0
+    # Totals (for /metrics and the reports).
+    completed: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prefix_cache_hit_rate: float | None = None
+    history: list[tuple[float, int]] = field(default_factory=list)  # (time, window) changes
+
+    @classmethod
+    def create(cls, name: str, settings: WindowSettings, *, now_s: float = 0.0) -> Engine:
+        state = initial_window(settings)
+        return cls(
+            name=name,
+            settings=settings,
+            state=state,
+            now_s=now_s,
+            interval_start_s=now_s,
+            history=[(now_s, state.window)],
+        )
+
+    @property
+    def window(self) -> int:
+        return self.state.window
+
+    def tick(self, now_s: float) -> None:
+        """Account the time since the last event at the load it had."""
+        elapsed = now_s - self.now_s
+        if elapsed <= 0:
+            return
+        if self.in_flight > 0:
+            self.busy_s += elapsed
+            self.shared_s += elapsed / self.in_flight
+            if self.in_flight >= self.window:
+                self.interval_full_s += elapsed
+        self.now_s = now_s
+
+    def start(self, now_s: float) -> CallMark:
+        """A call begins on this engine."""
+        self.tick(now_s)
+        self.in_flight += 1
+        return CallMark(engine=self.name, started_s=now_s, shared_s=self.shared_s)
+
+    def finish(
+        self,
+        mark: CallMark,
+        now_s: float,
+        *,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> float:
+        """A call ended with an answer; returns its share of engine seconds."""
+        share = self._end(mark, now_s)
+        self.completed += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.interval_completed += 1
+        self.interval_tokens += completion_tokens
+        self.interval_latency_s += now_s - mark.started_s
+        return share
+
+    def fail(self, mark: CallMark, now_s: float, *, overloaded: bool) -> float:
+        """A call ended without an answer; `overloaded` for 429/503/timeouts."""
+        share = self._end(mark, now_s)
+        self.failed += 1
+        self.interval_overloads += int(overloaded)
+        return share
+
+    def abandon(self, mark: CallMark, now_s: float) -> float:
+        """A call was taken back (preemption, shutdown): no outcome to learn from."""
+        return self._end(mark, now_s)
+
+    def _end(self, mark: CallMark, now_s: float) -> float:
+        self.tick(now_s)
+        self.in_flight = max(0, self.in_flight - 1)
+        return max(0.0, self.shared_s - mark.shared_s)
+
+    def observation(self, now_s: float, load: EngineLoad | None = None) -> WindowObservation:
+        """The interval so far, as the window judges it."""
+        self.tick(now_s)
+        elapsed = now_s - self.interval_start_s
+        return WindowObservation(
+            elapsed_s=elapsed,
+            completed=self.interval_completed,
+            tokens=self.interval_tokens,
+            latency_s=self.interval_latency_s,
+            overloads=self.interval_overloads,
+            full=elapsed > 0 and self.interval_full_s >= FULL_SHARE * elapsed,
+            engine=load,
+        )
+
+    def due(self, now_s: float) -> bool:
+        """Whether the interval holds enough to judge (or trouble to react to at once)."""
+        if self.interval_overloads > 0:
+            return True
+        return ready_to_judge(
+            completed=self.interval_completed,
+            elapsed_s=now_s - self.interval_start_s,
+            window=self.window,
+            settings=self.settings,
+        )
+
+    def adapt(self, now_s: float, load: EngineLoad | None = None) -> WindowDecision:
+        """Judge the interval, move the window, start the next interval."""
+        decision = adapt_window(self.state, self.observation(now_s, load), self.settings)
+        if decision.window != self.state.window:
+            self.history.append((now_s, decision.window))
+        self.state = decision.state
+        self.last_reason = decision.reason
+        self.interval_start_s = now_s
+        self.interval_completed = self.interval_tokens = self.interval_overloads = 0
+        self.interval_latency_s = self.interval_full_s = 0.0
+        return decision
+
+    def utilization(self, since_s: float = 0.0) -> float:
+        """Share of wall time since `since_s` with at least one call in flight."""
+        span = self.now_s - since_s
+        return min(1.0, self.busy_s / span) if span > 0 else 0.0
+
+
+def free_places(engine: Engine, *, running: int | None = None, p0_places: int = 0) -> int:
+    """Places left in the engine's window, counting `running` (all processes) when known.
+
+    `p0_places` are the places above the window a P0 chunk may take: the window's ceiling
+    stays under the server's --max-num-seqs by that much, so the engine admits it at once.
+    """
+    busy = engine.in_flight if running is None else max(running, engine.in_flight)
+    return max(0, engine.window + p0_places - busy)
+
+
+def choose_engine(
+    engines: Sequence[Engine],
+    *,
+    running: Mapping[str, int] | None = None,
+    p0_places: int = 0,
+) -> Engine | None:
+    """The engine with the most free places, relative to its window; None when all are full.
+
+    Relative room spreads chunks so that engines with small windows (slower or loaded
+    servers) get fewer; then more places first; remaining ties go to the first engine in the
+    order given (rotate it for round robin).
+    """
+    best: Engine | None = None
+    best_key = (0.0, 0)
+    for engine in engines:
+        count = None if running is None else running.get(engine.name, 0)
+        places = free_places(engine, running=count, p0_places=p0_places)
+        if places <= 0:
+            continue
+        key = (places / (engine.window + p0_places), places)
+        if best is None or key > best_key:
+            best, best_key = engine, key
+    return best
+
+
+def total_places(engines: Sequence[Engine]) -> int:
+    """Chunks all windows hold together (the dispatcher's slots)."""
+    return sum(engine.window for engine in engines)
+
+
+__all__ = [
+    "CallMark",
+    "Engine",
+    "choose_engine",
+    "free_places",
+    "total_places",
+]
