@@ -1,1 +1,1 @@
-
+"""Forge clients: GitHub (gidgethub) and GitLab (python-gitlab) behind one ForgeClient protocol."""
