@@ -32,6 +32,8 @@ from bot.sched.mlfq import MlfqSettings
 from bot.sim.metrics import RequestOutcome, summarize
 from bot.sim.trace import Trace, TraceRequest, load_trace, to_review_request
 from bot.stats import profile_verdict, service_profile
+from bot.status.accuracy import EtaRecorder, render_eta_errors
+from bot.status.eta import Capacity
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +120,12 @@ async def replay_trace(
     mlfq: MlfqSettings | None = None,
     policy_book: PolicyBook | None = None,
     collect: list[RequestOutcome] | None = None,
+    record_eta: bool = False,
 ) -> dict[str, Any]:
     """Replay `trace` against the (already migrated) database; returns the summary object.
 
-    `collect`, when given, receives every request's outcome (for plots).
+    `collect`, when given, receives every request's outcome (for plots); `record_eta` adds the
+    status ETA's accuracy (`eta`: the ETA given at enqueue against the actual finish).
     """
     book = policy_book or load_policy_book(DEFAULT_POLICY_DIR)
     slots = workers or trace.header.workers
@@ -149,6 +153,8 @@ async def replay_trace(
 
     async def job_completed(job_id: int, now: datetime) -> None:
         await store.finish_job(job_id, now=now, review={"replay": True})
+        if eta is not None:
+            eta.finish(job_id, now)
         item = by_job[job_id]
         item.finished_s = _seconds(now)
         for dependent_id in dependents.get(item.request.id, []):
@@ -188,6 +194,14 @@ async def replay_trace(
         on_job_complete=job_completed,
         on_preempt=chunk_preempted,
     )
+    # -- the status ETA's accuracy (bot.status): what a review is promised when first shown --
+    eta: EtaRecorder | None = None
+    if record_eta:
+        eta = EtaRecorder(
+            store.engine,
+            capacity=Capacity(slots=slots, mlfq=dispatcher.settings.mlfq),
+            estimator=lambda: dispatcher.estimator,
+        )
     events: list[tuple[float, int, int, Any]] = []
     sequence = 0
     for request in trace.requests:
@@ -227,6 +241,8 @@ async def replay_trace(
                     await dispatcher.complete(done, answer, now)
             if arrived:
                 await dispatcher.plan_pending(now)
+                if eta is not None:
+                    await eta.observe(now)
             for leased in await dispatcher.fill_slots(now):
                 item = by_job[leased.chunk.job_id]
                 if item.started_s is None:
@@ -266,6 +282,8 @@ async def replay_trace(
     result["preemptions"] = waste["preemptions"]
     result["preempted_first_chunks"] = waste["first_chunks"]
     result["wasted_gpu_s"] = round(waste["gpu_s"], 3)
+    if eta is not None:
+        result["eta"] = eta.summary()
     return result
 
 
@@ -329,6 +347,7 @@ def run_simulation(
     keep: bool = False,
     line_budget: int = DEFAULT_LINE_BUDGET,
     mlfq: MlfqSettings | None = None,
+    record_eta: bool = False,
 ) -> dict[str, Any]:
     """Replay a trace on a fresh database on the server at `database_url`; the summary object."""
     loaded = trace if isinstance(trace, Trace) else load_trace(trace)
@@ -341,6 +360,7 @@ def run_simulation(
             keep=keep,
             line_budget=line_budget,
             mlfq=mlfq,
+            record_eta=record_eta,
         )
     )
 
@@ -355,6 +375,7 @@ async def simulate(
     line_budget: int = DEFAULT_LINE_BUDGET,
     mlfq: MlfqSettings | None = None,
     collect: list[RequestOutcome] | None = None,
+    record_eta: bool = False,
 ) -> dict[str, Any]:
     """Async form of run_simulation (for callers already in an event loop)."""
     started = time.perf_counter()
@@ -367,6 +388,7 @@ async def simulate(
             line_budget=line_budget,
             mlfq=mlfq,
             collect=collect,
+            record_eta=record_eta,
         )
     result["wall_s"] = round(time.perf_counter() - started, 3)
     return result
@@ -410,7 +432,14 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
     workers = args.workers or trace.header.workers
 
     def run(url: str) -> dict[str, Any]:
-        return run_simulation(trace, policy, workers, url, keep=bool(getattr(args, "keep", False)))
+        return run_simulation(
+            trace,
+            policy,
+            workers,
+            url,
+            keep=bool(getattr(args, "keep", False)),
+            record_eta=policy == "mlfq",
+        )
 
     if settings.database_url:
         result = run(settings.database_url)
@@ -427,6 +456,8 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     profile = service_profile([request.service_s for request in trace.requests])
     print(render_text(result, profile))
+    if "eta" in result:
+        print(render_eta_errors(result["eta"]))
     return 0
 
 

@@ -117,6 +117,12 @@ def live_calls(row: Any) -> LiveCalls:
     )
 
 
+async def fetch_live_rows(engine: AsyncEngine) -> list[Any]:
+    """Every live job with its calls and its last written status."""
+    async with engine.connect() as conn:
+        return list((await conn.execute(sql.SELECT_LIVE_JOBS)).all())
+
+
 def estimate_rows(
     rows: Sequence[Any], *, capacity: Capacity, estimator: ServiceEstimator, now: datetime
 ) -> dict[int, Estimate]:
@@ -149,8 +155,7 @@ class StatusPublisher:
 
     async def live_rows(self) -> list[Any]:
         """Every live job with its calls and its last written status."""
-        async with self.engine.connect() as conn:
-            return list((await conn.execute(sql.SELECT_LIVE_JOBS)).all())
+        return await fetch_live_rows(self.engine)
 
     async def _ended_rows(self) -> list[Any]:
         async with self.engine.connect() as conn:
@@ -365,6 +370,7 @@ __all__ = [
     "StatusSettings",
     "StatusWriter",
     "estimate_rows",
+    "fetch_live_rows",
     "live_calls",
     "previous_report",
 ]
