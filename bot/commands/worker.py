@@ -394,7 +394,9 @@ class CommandWorker:
             )
             return refused, job.id
         # One new job per command comment: a replay of the same comment finds it again.
-        key = f"{dedupe_key_for(request)}!command:{command.forge}:{command.comment_id}"
+        # (A Re-run button has no comment: its delivery stands for it.)
+        source = command.comment_id or command.delivery_id
+        key = f"{dedupe_key_for(request)}!command:{command.forge}:{source}"
         submitted = await self.store.submit_request(
             request,
             result_decision,

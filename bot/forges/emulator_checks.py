@@ -376,6 +376,32 @@ CHECK_ROUTES: tuple[_Route, ...] = (
 register_routes(*CHECK_ROUTES)
 
 
+def add_check_run(
+    state: EmulatorState,
+    *,
+    repo: str,
+    head_sha: str,
+    name: str = "review-bot",
+    conclusion: str | None = "success",
+) -> int:
+    """Seed a check run on a commit (as an App would have written it); returns its id."""
+    now = _iso(state.clock())
+    run_id = state.next_id()
+    state.check_runs[run_id] = {
+        "id": run_id,
+        "_repo": repo,
+        "_suite": state.next_id(),
+        "name": name,
+        "head_sha": head_sha,
+        "status": "completed" if conclusion else "queued",
+        "conclusion": conclusion,
+        "started_at": now,
+        "completed_at": now if conclusion else None,
+        "output": {"title": "Reviewed", "summary": "Reviewed."},
+    }
+    return run_id
+
+
 def build_github_check_run_event(
     state: EmulatorState,
     *,
@@ -415,4 +441,4 @@ def build_github_check_run_event(
     return payload
 
 
-__all__ = ["CHECK_ROUTES", "build_github_check_run_event"]
+__all__ = ["CHECK_ROUTES", "add_check_run", "build_github_check_run_event"]

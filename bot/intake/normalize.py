@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from bot.commands.parse import is_bot_comment, parse_commands
 from bot.errors import WebhookError
+from bot.forges.statuses import STATUS_NAME
 from bot.intake.verify import Delivery
 from bot.model import Command, Forge, ReviewRequest
 
@@ -91,6 +92,8 @@ def normalize_delivery(delivery: Delivery, *, bot_login: str = "review-bot") -> 
             return _github_pull_request(payload, delivery.delivery_id)
         if delivery.event == "issue_comment":
             return _github_comment(payload, delivery.delivery_id, bot_login=bot_login)
+        if delivery.event == "check_run":
+            return _github_check_run(payload, delivery.delivery_id)
         return Ignored(f"GitHub event {_shown(delivery.event)} is not one the bot acts on")
     kind = delivery.event
     if kind in ("System Hook", "Service Hook"):
@@ -182,6 +185,47 @@ def _github_comment(payload: Mapping[str, Any], delivery_id: str, *, bot_login: 
         project_id=None,
         installation_id=_optional(installation, "id", int, path="installation.id"),
         delivery_id=delivery_id,
+    )
+
+
+def _github_check_run(payload: Mapping[str, Any], delivery_id: str) -> Normalized:
+    """The Re-run button of the bot's check run: a `/review` by whoever pressed it."""
+    action = _field(payload, "action", str)
+    if action != "rerequested":
+        return Ignored(f"check_run {_shown(action)}: only a re-run asks for a review")
+    check_run = _field(payload, "check_run", dict)
+    if _optional(check_run, "name", str, path="check_run.name") != STATUS_NAME:
+        return Ignored("a re-run of another check")
+    pulls = _optional(check_run, "pull_requests", list, path="check_run.pull_requests") or []
+    if not pulls or not isinstance(pulls[0], dict):
+        return Ignored("a re-run of a check on no open pull request")
+    sender = _field(payload, "sender", dict)
+    author = _field(sender, "login", str, path="sender.login")
+    if is_bot_author(author, user_type=_optional(sender, "type", str, path="sender.type")):
+        return Ignored(f"re-run by the bot account {_shown(author)}")
+    repo = _field(_field(payload, "repository", dict), "full_name", str, "repository.full_name")
+    number = _field(pulls[0], "number", int, path="check_run.pull_requests[0].number")
+    installation = _optional(payload, "installation", dict, path="installation") or {}
+    installation_id = _optional(installation, "id", int, path="installation.id")
+    command = Command(
+        forge="github",
+        repo=repo,
+        number=number,
+        author=author,
+        comment_id=0,  # no comment to react to
+        verb="review",
+        raw="/review (the check run's Re-run button)",
+        installation_id=installation_id,
+        delivery_id=delivery_id,
+    )
+    return Commands(
+        forge="github",
+        repo=repo,
+        number=number,
+        author=author,
+        comment_id=0,
+        commands=(command,),
+        installation_id=installation_id,
     )
 
 

@@ -1,0 +1,84 @@
+"""ETA accuracy: the ETA a review's status shows at enqueue against when it really finished.
+
+    .venv/bin/python -m bench.eta_accuracy   # DATABASE_URL, or a local server
+
+Replays the public morning (when ../shared is present) and generated variants through the real
+policy, queue, dispatcher and status ETA (`bot simulate`), and writes
+bench/results/eta_accuracy.md: per trace and level, the median and P90 of the absolute error
+and of the error relative to the review's actual turnaround.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from bench.scheduling import benchmark_traces
+from bot.sim.replay import simulate
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TRACES = ("morning-burst", "seed-7", "sharp-peak", "heavy-tail", "hotfixes")
+HEADER = (
+    "| trace | level | reviews | median error s | P90 error s | median error / turnaround "
+    "| P90 error / turnaround | mean turnaround s |\n|---|---|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def rows(name: str, result: dict[str, Any]) -> list[str]:
+    lines = []
+    for level, row in result["eta"].items():
+        if not row["n"]:
+            continue
+        turnaround = (result["all"] if level == "all" else result["levels"][level])["turnaround"][
+            "mean"
+        ]
+        label = f"**{level}**" if level == "all" else level
+        lines.append(
+            f"| {name} | {label} | {row['n']} | {row['median_error_s']:.1f} "
+            f"| {row['p90_error_s']:.1f} | {row['median_relative']:.1%} "
+            f"| {row['p90_relative']:.1%} | {turnaround:.1f} |"
+        )
+    return lines
+
+
+async def run(database_url: str) -> str:
+    table = [HEADER]
+    for name, trace in benchmark_traces():
+        if name not in TRACES:
+            continue
+        result = await simulate(
+            trace, policy="mlfq", workers=None, database_url=database_url, record_eta=True
+        )
+        table += rows(name, result)
+        print("\n".join(rows(name, result)), flush=True)
+    return "\n".join(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
+    args = parser.parse_args(argv)
+    if not args.database_url:
+        from bot import devdb
+
+        with devdb.provision_server() as url:
+            table = asyncio.run(run(url))
+    else:
+        table = asyncio.run(run(args.database_url))
+    RESULTS.mkdir(exist_ok=True)
+    intro = (
+        "# ETA accuracy\n\n"
+        "`python -m bench.eta_accuracy`: the ETA each review's check run or commit status shows "
+        "when it is first queued, against when its review was really finished, replayed through "
+        "the real policy, queue, dispatcher and status ETA (mlfq, 8 slots, simulated backend).\n\n"
+    )
+    (RESULTS / "eta_accuracy.md").write_text(intro + table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
