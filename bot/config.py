@@ -83,6 +83,11 @@ class Settings:
     llm_max_num_seqs: int | None = None
     # First pause after the database is lost; doubles (with jitter) up to 30 s while it is away.
     outage_backoff_s: float = 1.0
+    # The simulated backend, for demos and fault drills: how much of its charged GPU time a
+    # call really takes (0: answers at once), and for every how many chunks the first call
+    # raises an unexpected error (0: never).
+    sim_time_scale: float = 0.0
+    sim_fault_every: int = 0
     # Quiet reviews: a review after the first covers what changed, says nothing twice and
     # keeps one summary; off, every push gets a full review with its own summary.
     quiet_reviews: bool = True
@@ -227,6 +232,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError("REVIEW_BOT_WORKERS must be at least 1")
     check_scheduler_settings(scheduler)
     outage_backoff_s = _float(env, "REVIEW_BOT_RETRY_BACKOFF_S", 1.0)
+    sim_time_scale = _float(env, "REVIEW_BOT_SIM_TIME_SCALE", 0.0)
+    sim_fault_every = _int(env, "REVIEW_BOT_SIM_FAULT_EVERY", 0)
+    if sim_time_scale < 0 or sim_fault_every < 0:
+        raise ConfigError("REVIEW_BOT_SIM_TIME_SCALE and REVIEW_BOT_SIM_FAULT_EVERY must be >= 0")
     if outage_backoff_s <= 0:
         raise ConfigError(f"REVIEW_BOT_RETRY_BACKOFF_S must be positive, got {outage_backoff_s:g}")
     thresholds = _numbers(env, "REVIEW_BOT_ALERT_THRESHOLDS_S", 3)
@@ -272,6 +281,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         window=window,
         llm_max_num_seqs=max_num_seqs,
         outage_backoff_s=outage_backoff_s,
+        sim_time_scale=sim_time_scale,
+        sim_fault_every=sim_fault_every,
         quiet_reviews=_bool(env, "REVIEW_BOT_QUIET", True),
         min_inline_severity=_severity(env.get("REVIEW_BOT_MIN_INLINE_SEVERITY")),
         inline_cap=_int(env, "REVIEW_BOT_INLINE_CAP", 50),

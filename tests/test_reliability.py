@@ -10,19 +10,24 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
+from aiohttp import web
 
-from bot.clock import SystemClock
+from bot.clock import SystemClock, VirtualClock
 from bot.config import SchedulerSettings, check_scheduler_settings, load_settings
 from bot.db import is_database_unavailable, plain_url, translate_database_error
-from bot.errors import ConfigError, StoreUnavailable
+from bot.errors import ConfigError, LLMError, LLMRequestRejected, StoreUnavailable
+from bot.llm.base import LLMRequest
+from bot.llm.openai_compat import OpenAICompatBackend
 from bot.llm.simulated import SimulatedBackend
+from bot.llm.vllm_engine import translate_vllm_error
 from bot.model import JobState
 from bot.outage import OutageWatch, backoff_delay
-from bot.queue.store import QueueStore
+from bot.queue.store import QueueSettings, QueueStore
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
 from tests.factories import decide, make_request
 from tests.test_dispatcher import LinesPlanner
+from tests.test_vllm_integration import vllm_paths  # noqa: F401  (fixture)
 
 
 def _closed_port() -> int:
@@ -259,3 +264,183 @@ async def test_a_dispatcher_carries_on_after_every_session_is_terminated(
         dispatcher.stop()
         await asyncio.wait_for(runner, timeout=10.0)
         await store.close()
+
+
+# --- no slot leaks --------------------------------------------------------------------------
+
+
+async def test_a_backend_raising_something_unexpected_frees_the_slot_and_counts_the_attempt(
+    db_url: str,
+) -> None:
+    store = QueueStore.from_url(db_url, settings=QueueSettings(retry_backoff_s=0.05))
+    backend = SimulatedBackend(
+        overhead_s=1.0, seconds_per_line=0.0, sleep=asyncio.sleep, time_scale=0.001, fault_every=3
+    )  # the first call for every third chunk raises RuntimeError
+    dispatcher = Dispatcher(
+        store,
+        backend,
+        planner=LinesPlanner(),
+        settings=DispatcherSettings(
+            owner="d1", slots=2, poll_s=0.05, lease_s=60.0, mlfq=MlfqSettings(reserved_slots=0)
+        ),
+        clock=SystemClock(),
+    )
+    runner = asyncio.create_task(dispatcher.run(database_url=db_url))
+    job_ids = []
+    try:
+        for number in range(1, 7):
+            result = await store.submit_request(
+                make_request(number=number, head_sha=f"{number:040d}", additions=80),
+                decide(),
+                now=SystemClock().now(),
+            )
+            assert result.job_id is not None
+            job_ids.append(result.job_id)
+
+        async def all_done() -> bool:
+            jobs = [await store.get_job(job_id) for job_id in job_ids]
+            return all(job is not None and job.state == JobState.DONE for job in jobs)
+
+        await _until(all_done, timeout_s=20.0)
+        assert dispatcher.held == {} and dispatcher.free_slots == 2
+        chunks = [chunk for job_id in job_ids for chunk in await store.chunk_results(job_id)]
+        retried = [chunk for chunk in chunks if chunk.attempts > 1]
+        assert sorted(chunk.id for chunk in retried) == [c.id for c in chunks if c.id % 3 == 0]
+        assert all(chunk.attempts == 2 for chunk in retried)
+        assert backend.faulted == {chunk.id for chunk in retried}
+        errors = await _chunk_errors(store, [chunk.id for chunk in retried])
+        assert all(
+            error.startswith("RuntimeError: simulated backend fault (chunk") for error in errors
+        )
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(runner, timeout=10.0)
+        await store.close()
+
+
+async def _chunk_errors(store: QueueStore, chunk_ids: list[int]) -> list[str]:
+    from sqlalchemy import text
+
+    async with store.engine.connect() as conn:
+        rows = await conn.execute(
+            text("SELECT last_error FROM review_chunks WHERE id = ANY(:ids) ORDER BY id"),
+            {"ids": chunk_ids},
+        )
+        return [str(row.last_error) for row in rows]
+
+
+@pytest.mark.parametrize(
+    ("error", "rejected"),
+    [
+        (
+            ValueError("The decoder prompt (length 5000) is longer than the maximum model length"),
+            True,
+        ),
+        (TypeError("priority must be an int"), True),
+        (RuntimeError("engine step failed"), False),
+        (KeyError("request id"), False),
+    ],
+)
+def test_vllm_errors_map_to_the_openai_backends_outcomes(error: Exception, rejected: bool) -> None:
+    translated = translate_vllm_error(error)
+    assert isinstance(translated, LLMRequestRejected) is rejected
+    assert translated.retryable is not rejected
+
+
+async def test_a_timed_out_llm_request_is_abandoned_before_it_is_retried() -> None:
+    """vLLM aborts a request whose client went away: a timed-out call must hang up, not linger
+    on the server while its retry runs beside it."""
+    events: list[str] = []
+
+    async def slow_completion(request: web.Request) -> web.Response:
+        events.append("started")
+        try:
+            await asyncio.Event().wait()  # generating, until the client hangs up
+        except asyncio.CancelledError:
+            events.append("client gone")  # handler_cancellation: the connection was lost
+            raise
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", slow_completion)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    backend = OpenAICompatBackend(
+        [f"http://127.0.0.1:{port}"],
+        model="m",
+        timeout_s=0.2,
+        max_retries=1,
+        sleep=VirtualClock().sleep,  # the backoff between tries: no real wait
+    )
+    try:
+        with pytest.raises(LLMError, match="timed out"):
+            await backend.complete(LLMRequest(messages=[{"role": "user", "content": "x"}]))
+        await _until_true(lambda: events.count("client gone") == 2, timeout_s=2.0)
+    finally:
+        await backend.close()
+        await runner.cleanup()
+    assert events == ["started", "client gone", "started", "client gone"]
+
+
+async def _until_true(check: Callable[[], bool], timeout_s: float) -> None:
+    async def wrapped() -> bool:
+        return check()
+
+    await _until(wrapped, timeout_s)
+
+
+IN_PROCESS_OVERLONG = """
+import asyncio, sys
+from bot.errors import LLMRequestRejected
+from bot.llm.base import LLMRequest
+from bot.llm.vllm_engine import VLLMEngineBackend
+
+async def main():
+    backend = VLLMEngineBackend(sys.argv[1], enforce_eager=True, max_num_seqs=1,
+                                max_model_len=256)
+    prompt = "review this line please " * 400  # far over 256 tokens
+    try:
+        await backend.complete(LLMRequest(messages=[{"role": "user", "content": prompt}]))
+    except LLMRequestRejected as exc:
+        print("OUTCOME=rejected", exc)
+    except Exception as exc:
+        print("OUTCOME=" + type(exc).__name__, exc)
+    else:
+        print("OUTCOME=answered")
+    finally:
+        await backend.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.vllm
+def test_the_in_process_engine_refuses_an_overlong_prompt_as_the_http_server_does(
+    vllm_paths: dict[str, str],  # noqa: F811  (the fixture imported above)
+) -> None:
+    """vLLM raises its own validation error for a prompt over the context length; the backend
+    answers LLMRequestRejected, as the openai backend does for the server's 400."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [vllm_paths["PYTHON"], "-c", IN_PROCESS_OVERLONG, vllm_paths["MODEL_DIR"]],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(repo),
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+        },
+        cwd=str(repo),
+    )
+    outcomes = [line for line in run.stdout.splitlines() if line.startswith("OUTCOME=")]
+    assert outcomes, run.stderr[-4000:]
+    assert outcomes[-1].startswith("OUTCOME=rejected"), outcomes[-1] + run.stderr[-2000:]

@@ -35,7 +35,15 @@ def create_backend(settings: Settings) -> LLMBackend:
     if name == "simulated":
         from bot.llm.simulated import SimulatedBackend
 
-        return SimulatedBackend()
+        if settings.sim_time_scale <= 0:
+            return SimulatedBackend(fault_every=settings.sim_fault_every)
+        import asyncio
+
+        return SimulatedBackend(
+            sleep=asyncio.sleep,
+            time_scale=settings.sim_time_scale,
+            fault_every=settings.sim_fault_every,
+        )
     if name == "openai":
         from bot.llm.openai_compat import OpenAICompatBackend
 

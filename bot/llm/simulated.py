@@ -72,11 +72,18 @@ class SimulatedBackend:
         malformed_rate: float = 0.0,
         max_findings_per_file: int = 3,
         worker: str = "simulated",
+        fault_every: int = 0,
     ) -> None:
         if overhead_s < 0 or seconds_per_line < 0 or time_scale < 0:
             raise ValueError("overhead_s, seconds_per_line and time_scale must be >= 0")
         if not 0.0 <= malformed_rate <= 1.0:
             raise ValueError("malformed_rate must be within [0, 1]")
+        if fault_every < 0:
+            raise ValueError("fault_every must be >= 0")
+        # Fault drills: the first call for every `fault_every`-th chunk (by chunk id) raises an
+        # error no backend contract names, as a buggy or unexpected backend would.
+        self.fault_every = fault_every
+        self.faulted: set[int] = set()
         self.overhead_s = overhead_s
         self.seconds_per_line = seconds_per_line
         self.sleep = sleep
@@ -116,6 +123,10 @@ class SimulatedBackend:
         metadata = request.metadata
         gpu_seconds = self.charge(metadata, prompt_lines)
         self.calls += 1
+        chunk_id = int(metadata.get("chunk_id") or 0)
+        if self.fault_every and chunk_id % self.fault_every == 0 and chunk_id not in self.faulted:
+            self.faulted.add(chunk_id)
+            raise RuntimeError(f"simulated backend fault (chunk {chunk_id}, first call)")
         self.gpu_seconds += gpu_seconds
         attempt = metadata.get("attempt", 1)
         malformed = self.malformed_rate > 0 and (

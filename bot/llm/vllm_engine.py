@@ -9,7 +9,7 @@ import logging
 import time
 from typing import Any
 
-from bot.errors import BackendUnavailable, LLMError
+from bot.errors import BackendUnavailable, LLMError, LLMRequestRejected
 from bot.llm.base import LLMRequest, LLMResponse
 
 logger = logging.getLogger(__name__)
@@ -26,6 +26,26 @@ def import_vllm() -> Any:
             f"the vllm LLM backend needs the vllm package ({INSTALL_HINT}): {exc}"
         ) from exc
     return vllm
+
+
+# vLLM's own split (vllm.exceptions): client errors are the request's fault (4xx on its HTTP
+# server), server errors the engine's (5xx). Matched by name so that this module, and its
+# tests, need no vllm import.
+_CLIENT_ERRORS = frozenset({"VLLMClientError", "VLLMValidationError", "VLLMNotFoundError"})
+_SERVER_ERRORS = frozenset({"VLLMServerError", "EngineGenerateError", "EngineDeadError"})
+
+
+def translate_vllm_error(error: BaseException) -> LLMError:
+    """Our error for one raised by the in-process engine, with the openai backend's outcomes:
+    a request the engine refuses (a prompt over the context length, a bad parameter; older
+    vLLMs raise ValueError or TypeError for these) is LLMRequestRejected, so the review goes
+    on without that part; anything else is a retryable LLMError."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    if names & _CLIENT_ERRORS or (
+        not names & _SERVER_ERRORS and isinstance(error, ValueError | TypeError)
+    ):
+        return LLMRequestRejected(f"vLLM rejected the request: {error}")
+    return LLMError(f"vLLM engine failed: {type(error).__name__}: {error}", retryable=True)
 
 
 class VLLMEngineBackend:
@@ -97,10 +117,10 @@ class VLLMEngineBackend:
                 priority=int(request.priority or 0),
             ):
                 final = output
-        except (ValueError, TypeError) as exc:
-            raise LLMError(f"vLLM rejected the request: {exc}", retryable=False) from exc
-        except RuntimeError as exc:
-            raise LLMError(f"vLLM engine failed: {exc}", retryable=True) from exc
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise translate_vllm_error(exc) from exc
         latency = time.monotonic() - started
         if final is None or not final.outputs:
             raise LLMError("vLLM returned no output", retryable=True)
