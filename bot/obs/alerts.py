@@ -23,7 +23,7 @@ from bot.config import AlertSettings
 from bot.errors import StoreError, StoreUnavailable
 from bot.logsafe import escaped
 from bot.model import Level
-from bot.obs import statements as sql
+from bot.obs import monitoring_sql as sql
 from bot.obs.metrics import Metrics
 from bot.outage import OutageWatch
 

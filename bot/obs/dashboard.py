@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock
 from bot.model import LEVELS, Level
-from bot.obs import statements as sql
+from bot.obs import monitoring_sql as sql
 from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
 from bot.stats import percentile
 

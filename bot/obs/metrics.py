@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.clock import Clock
 from bot.errors import StoreError
 from bot.model import LEVELS, Level
-from bot.obs import statements as sql
+from bot.obs import monitoring_sql as sql
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from bot.forges.base import ForgePermissionDenied
 from bot.forges.statuses import StatusUpdate, StatusWritten
 from bot.model import JobState, Level
 from bot.sched.mlfq import ServiceEstimator
-from bot.status import statements as sql
+from bot.status import publisher_sql as sql
 from bot.status.decide import (
     DEFAULT_NEUTRAL_AT,
     PublishRules,
