@@ -13,7 +13,7 @@ else. Create it once (as the role that runs the migrations):
 then `DATABASE_URL=postgresql://review_bot_reader:change-me@db/reviewbot bot report waits`,
 or `psql` with the same role: `SELECT * FROM report_waits_by_level;`.
 
-Reports: waits, durations, workers, repos, largest, commands, failures, alerts, and
+Reports: waits, durations, workers, engines, repos, largest, commands, failures, alerts, and
 `compare --before A --after B` where A and B are periods (`2026-01-05T08:00/2026-01-05T12:00`)
 or JSON files written by `bot simulate --json`.
 """
@@ -125,10 +125,23 @@ ALERTS = text(
     """
 )
 
+# Work per engine (LLM server) and hour: chunks, tokens, engine seconds (migration 0015).
+ENGINES = text(
+    f"""
+    SELECT engine, hour, chunks, prompt_tokens, completion_tokens, gpu_s, latency_s,
+           tokens_per_gpu_s
+    FROM report_engines
+    WHERE {_window("(hour AT TIME ZONE 'UTC')", repo=False)}
+    ORDER BY engine, hour
+    LIMIT :limit
+    """
+)
+
 STATEMENTS: Mapping[str, TextClause] = {
     "waits": WAITS,
     "durations": DURATIONS,
     "workers": WORKERS,
+    "engines": ENGINES,
     "repos": REPOS,
     "largest": LARGEST,
     "commands": COMMANDS,
@@ -260,6 +273,11 @@ async def build_report(engine: AsyncEngine, name: str, options: ReportOptions) -
         notes.append(
             f"utilization assumes {options.slots} slots per worker; rows without an hour "
             "cover the worker's whole window"
+        )
+    if name == "engines":
+        notes.append(
+            "gpu_s: engine seconds charged to the chunks (each its share of the batch it ran "
+            "in), so tokens_per_gpu_s is what the engine made of its time"
         )
     return Report(name=name, rows=rows, notes=notes)
 

@@ -131,6 +131,8 @@ review_chunks = Table(
     Column("finished_at", DateTime(timezone=True)),
     Column("gpu_seconds", Float),
     Column("result", JSONB),
+    # The engine (LLM server) the chunk's lease runs it on: windows are counted per engine.
+    Column("engine", Text),
     CheckConstraint(_in_list("state", CHUNK_STATES), name="state"),
     UniqueConstraint("job_id", "seq"),
     # Matches the dequeue's ORDER BY within one level, and only covers what can be taken.
@@ -144,6 +146,11 @@ review_chunks = Table(
     Index(
         "ix_review_chunks_lease",
         "lease_expires_at",
+        postgresql_where=text("state = 'running'"),
+    ),
+    Index(
+        "ix_review_chunks_engine",
+        "engine",
         postgresql_where=text("state = 'running'"),
     ),
     Index(

@@ -141,6 +141,16 @@ SELECT_LEVEL_LOAD = _sql(
     """
 )
 
+# Chunks running on each engine, in every process (the windows are per engine, not per process).
+SELECT_ENGINE_LOAD = _sql(
+    """
+    SELECT engine, count(*) AS running
+    FROM review_chunks
+    WHERE state = 'running' AND engine IS NOT NULL
+    GROUP BY engine
+    """
+)
+
 # THE dequeue. For each level in the caller's order of preference, the best queued chunk of
 # that level (the partial index ix_review_chunks_dequeue serves the inner ORDER BY), locked
 # with SKIP LOCKED so concurrent dispatchers never meet. There is deliberately no outer ORDER
@@ -166,7 +176,7 @@ FETCH_CHUNK = _sql(
     leased AS (
         UPDATE review_chunks c
         SET state = 'running', lease_owner = :owner, lease_expires_at = :lease_expires_at,
-            started_at = :now, attempts = c.attempts + 1
+            started_at = :now, attempts = c.attempts + 1, engine = :engine
         FROM candidate
         WHERE c.id = candidate.id
         RETURNING c.*

@@ -631,10 +631,12 @@ class QueueStore:
         now: datetime,
         lease_s: float,
         max_rank: float | None = None,
+        engine: str | None = None,
     ) -> Leased | None:
         """Lease the next chunk of the first level in `levels` that has one (one statement).
 
-        `max_rank` limits the choice to chunks ranked at most that (short work).
+        `max_rank` limits the choice to chunks ranked at most that (short work); `engine`
+        names the LLM server the chunk will run on (counted by `engine_load`).
         """
         if not levels:
             return None
@@ -648,6 +650,7 @@ class QueueStore:
                         "now": now,
                         "lease_expires_at": now + timedelta(seconds=lease_s),
                         "max_rank": float("inf") if max_rank is None else max_rank,
+                        "engine": engine,
                     },
                 )
             ).first()
@@ -656,8 +659,14 @@ class QueueStore:
         return Leased(
             chunk=_chunk_from_row(row),
             first_start=bool(row.first_start),
-            extra={"rank": float(row.rank)},
+            extra={"rank": float(row.rank), "engine": row.engine},
         )
+
+    async def engine_load(self) -> dict[str, int]:
+        """Chunks running on each engine, from the database (all processes)."""
+        async with self._single_statement() as conn:
+            rows = (await conn.execute(sql.SELECT_ENGINE_LOAD)).all()
+        return {str(row.engine): int(row.running) for row in rows}
 
     async def heartbeat(
         self, chunk_ids: Sequence[int], *, owner: str, now: datetime, lease_s: float
