@@ -32,6 +32,7 @@ from bot.config import DEFAULT_POLICY_DIR, Settings
 from bot.forges.base import ForgeClient, RetryPolicy
 from bot.forges.emulator import (
     EmulatorState,
+    Fault,
     ForgeEmulator,
     Record,
     build_github_issue_comment_event,
@@ -648,3 +649,148 @@ async def test_the_app_runs_the_worker_and_notify_wakes_it(
     assert job is not None and job.level is Level.P3
     # Woken by NOTIFY, not by its 2 s poll.
     assert elapsed < 1.5, elapsed
+
+
+# -- replies and reactions the forge does not take at once ---------------------------------
+
+
+async def delivery_detail(harness: Harness, delivery_id: str) -> tuple[str, dict[str, Any]]:
+    async with harness.store.engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text("SELECT outcome, detail FROM webhook_deliveries WHERE delivery_id = :id"),
+                {"id": delivery_id},
+            )
+        ).one()
+    return row.outcome, dict(row.detail or {})
+
+
+async def test_a_reply_the_forge_fails_is_deferred_in_the_database_then_posted_once(
+    harness: Harness,
+) -> None:
+    number, job_id = await harness.open_pull(author="dev1")
+    # Both in-process attempts of the reply fail: the worker hands it back to the database.
+    harness.state.add_fault("github.comments.create", Fault.server_error(502), times=2)
+    comment_id, _ = await harness.comment(
+        number, "/review priority p3", user="dev1", delivery_id="cmd-deferred"
+    )
+
+    [first] = await harness.work()
+
+    assert first.outcome == "command_reply_pending"
+    outcome, detail = await delivery_detail(harness, "cmd-deferred")
+    assert outcome == "command_reply_pending"
+    assert [item["kind"] for item in detail["outbox"]] == ["reply", "reaction"]
+    assert detail["outbox_tries"] == 1 and "502" in detail["outbox_error"]
+    assert harness.replies(number) == []
+    job = await harness.store.get_job(job_id)
+    assert job is not None and job.level is Level.P3  # the command itself took effect
+    assert await harness.work() == []  # nothing before its retry time (30 s)
+
+    harness.clock.advance(seconds=31)
+    [second] = await harness.work()
+
+    assert second.outcome == "command_done" and second.reply_id is not None
+    (reply,) = harness.replies(number)
+    assert reply.body is not None and "P3" in reply.body and reply.body.endswith(REPLY_MARKER)
+    assert harness.reactions(comment_id) == ["eyes", "+1"]
+    assert len(await harness.commands_history(job_id)) == 1  # executed once, replied once
+    outcome, detail = await delivery_detail(harness, "cmd-deferred")
+    assert (outcome, detail["outbox"], detail["reply_id"]) == ("command_done", [], reply.data["id"])
+
+
+async def test_a_reply_stored_although_its_answer_was_lost_is_not_posted_again(
+    harness: Harness,
+) -> None:
+    number, _ = await harness.open_pull(author="dev1")
+    # GitHub stores the comment but the answer is lost, and the look for it fails too: the
+    # deferred retry must find the stored reply by its marker instead of posting a second one.
+    harness.state.add_fault("github.comments.create", Fault.lost_response(502))
+    harness.state.add_fault("github.comments.list", Fault.server_error(502), times=2)
+    comment_id, _ = await harness.comment(number, "/review status", user="dev1")
+
+    [first] = await harness.work()
+    assert first.outcome == "command_reply_pending"
+    assert len(harness.replies(number)) == 1  # stored by the forge, unknown to the worker
+
+    harness.clock.advance(seconds=31)
+    [second] = await harness.work()
+
+    assert second.outcome == "command_done"
+    (reply,) = harness.replies(number)
+    assert second.reply_id == reply.data["id"]
+    assert harness.reactions(comment_id) == ["eyes", "+1"]
+
+
+async def test_a_lost_answer_inside_one_pass_is_found_by_the_marker(harness: Harness) -> None:
+    number, _ = await harness.open_pull(author="dev1")
+    harness.state.add_fault("github.comments.create", Fault.lost_response(502))
+    await harness.comment(number, "/review status", user="dev1")
+
+    [report] = await harness.work()
+
+    assert report.outcome == "command_done"
+    (reply,) = harness.replies(number)
+    assert report.reply_id == reply.data["id"]
+
+
+async def test_a_failed_reaction_is_retried_without_posting_the_reply_again(
+    harness: Harness,
+) -> None:
+    number, _ = await harness.open_pull(author="dev1")
+    # the eyes acknowledgment succeeds; the final reaction fails twice (both attempts)
+    comment_id, _ = await harness.comment(number, "/review status", user="dev1")
+    harness.state.add_fault("github.reactions.create", Fault(status=None))  # eyes: normal
+    harness.state.add_fault("github.reactions.create", Fault.server_error(503), times=2)
+
+    [first] = await harness.work()
+    assert first.outcome == "command_reply_pending"
+    assert len(harness.replies(number)) == 1
+    assert harness.reactions(comment_id) == ["eyes"]
+
+    harness.clock.advance(seconds=31)
+    [second] = await harness.work()
+
+    assert second.outcome == "command_done"
+    assert len(harness.replies(number)) == 1
+    assert harness.reactions(comment_id) == ["eyes", "+1"]
+
+
+async def test_a_gitlab_reply_is_deferred_and_posted_once(harness: Harness) -> None:
+    number, project_id, _ = await harness.open_merge_request(author="dev1")
+    harness.state.add_fault("gitlab.notes.create", Fault.server_error(502), times=2)
+    note_id, _ = await harness.note(number, project_id, "/review status", user="dev1")
+
+    [first] = await harness.work()
+    assert first.outcome == "command_reply_pending"
+    assert harness.replies(number, "gitlab") == []
+
+    harness.clock.advance(seconds=31)
+    [second] = await harness.work()
+
+    assert second.outcome == "command_done"
+    (reply,) = harness.replies(number, "gitlab")
+    assert reply.body is not None and reply.body.endswith(REPLY_MARKER)
+    assert harness.reactions(note_id) == ["eyes", "thumbsup"]
+
+
+async def test_a_reply_the_forge_keeps_failing_is_given_up_with_the_reason(
+    harness: Harness,
+) -> None:
+    number, job_id = await harness.open_pull(author="dev1")
+    harness.state.add_fault("github.comments.create", Fault.server_error(502), times=100)
+    await harness.comment(number, "/review cancel", user="dev1", delivery_id="cmd-doomed")
+
+    outcomes = [report.outcome for report in await harness.work()]
+    for _ in range(6):
+        harness.clock.advance(seconds=1000)  # past the longest backoff (900 s)
+        outcomes += [report.outcome for report in await harness.work()]
+
+    assert outcomes == ["command_reply_pending"] * 4 + ["command_done"]
+    outcome, detail = await delivery_detail(harness, "cmd-doomed")
+    assert outcome == "command_done"
+    assert detail["reply_error"].startswith("gave up after 5 tries")
+    assert harness.replies(number) == []
+    job = await harness.store.get_job(job_id)
+    assert job is not None and job.state is JobState.CANCELLED
+    assert len(await harness.commands_history(job_id)) == 1

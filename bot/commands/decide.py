@@ -352,10 +352,12 @@ def code(text: str) -> str:
 _REPLACEMENTS = {"`": "'", "<": "‹", ">": "›"}
 
 
-def render_reply(lines: Sequence[str], *, author: str) -> str:
-    """One reply comment for all commands of a comment, marked as the bot's own."""
+def render_reply(lines: Sequence[str], *, author: str, marker: str = "") -> str:
+    """One reply comment for all commands of a comment, marked as the bot's own (and with
+    `marker`, which a retry finds it by)."""
     body = "\n\n".join(lines)
-    return f"{body}\n\n_Commands of {code(author)}._\n{REPLY_MARKER}"
+    marked = f"{marker}\n" if marker else ""
+    return f"{body}\n\n_Commands of {code(author)}._\n{marked}{REPLY_MARKER}"
 
 
 def describe_p0_triggers(policy: Policy) -> tuple[str, ...]:

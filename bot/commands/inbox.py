@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +17,8 @@ PENDING_OUTCOMES = ("command", "command_pending")
 RUNNING_OUTCOME = "command_running"
 DONE_OUTCOME = "command_done"
 FAILED_OUTCOME = "command_failed"
+# The commands ran; their reply and reactions wait for the forge until detail->>'retry_at'.
+REPLY_PENDING_OUTCOME = "command_reply_pending"
 
 # Claim pending command deliveries (and ones whose claimer died) for one worker, in one
 # statement; SKIP LOCKED keeps concurrent workers apart. Only deliveries received since
@@ -34,7 +36,9 @@ CLAIM_PENDING_COMMANDS = text(
         WHERE received_at >= :since
           AND (outcome IN ('command', 'command_pending')
                OR (outcome = 'command_running'
-                   AND CAST(detail->>'claimed_at' AS timestamptz) < :stale_before))
+                   AND CAST(detail->>'claimed_at' AS timestamptz) < :stale_before)
+               OR (outcome = 'command_reply_pending'
+                   AND CAST(detail->>'retry_at' AS timestamptz) <= :now))
         ORDER BY id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
@@ -49,6 +53,29 @@ MARK_COMMAND_DONE = text(
     UPDATE webhook_deliveries
     SET outcome = :outcome, job_id = COALESCE(:job_id, job_id),
         detail = COALESCE(detail, '{}'::jsonb) || CAST(:result AS jsonb)
+    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
+    RETURNING id
+    """
+)
+
+# Keep what a held delivery still has to tell the forge (its outbox), before telling it: a
+# worker that dies then leaves the outbox to whoever takes the claim over, not the commands.
+SAVE_OUTBOX = text(
+    """
+    UPDATE webhook_deliveries
+    SET job_id = COALESCE(:job_id, job_id),
+        detail = COALESCE(detail, '{}'::jsonb) || CAST(:saved AS jsonb)
+    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
+    RETURNING id
+    """
+)
+
+# Hand a held delivery's unsent outbox back until :retry_at (the forge failed meanwhile).
+DEFER_OUTBOX = text(
+    """
+    UPDATE webhook_deliveries
+    SET outcome = 'command_reply_pending',
+        detail = COALESCE(detail, '{}'::jsonb) || CAST(:deferred AS jsonb)
     WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
     RETURNING id
     """
@@ -150,6 +177,51 @@ class CommandInbox:
                     },
                 )
             ).first()
+        return row is not None
+
+    async def save_outbox(
+        self,
+        delivery: ClaimedDelivery,
+        *,
+        owner: str,
+        outbox: Sequence[Mapping[str, Any]],
+        result: Mapping[str, Any],
+        job_id: int | None,
+    ) -> bool:
+        """Store the replies and reactions still to send, with what the commands did; False
+        when another worker took the delivery over."""
+        saved = {**result, "outbox": list(outbox), "outbox_tries": 0}
+        return await self._update_held(
+            SAVE_OUTBOX,
+            {"id": delivery.id, "owner": owner, "job_id": job_id, "saved": json.dumps(saved)},
+        )
+
+    async def defer_outbox(
+        self,
+        delivery: ClaimedDelivery,
+        *,
+        owner: str,
+        outbox: Sequence[Mapping[str, Any]],
+        tries: int,
+        retry_at: datetime,
+        error: str,
+    ) -> bool:
+        """Give the delivery back with what is still unsent, to be claimed again at
+        `retry_at`; False when another worker took it over."""
+        deferred = {
+            "outbox": list(outbox),
+            "outbox_tries": tries,
+            "retry_at": retry_at.isoformat(),
+            "outbox_error": error,
+        }
+        return await self._update_held(
+            DEFER_OUTBOX,
+            {"id": delivery.id, "owner": owner, "deferred": json.dumps(deferred)},
+        )
+
+    async def _update_held(self, statement: Any, params: Mapping[str, Any]) -> bool:
+        async with self.store._transaction() as conn:
+            row = (await conn.execute(statement, dict(params))).first()
         return row is not None
 
     async def count_raises_today(self, *, forge: str, actor: str, now: datetime) -> int:

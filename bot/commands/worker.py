@@ -25,15 +25,23 @@ from bot.commands.decide import (
 from bot.commands.inbox import (
     DONE_OUTCOME,
     FAILED_OUTCOME,
+    REPLY_PENDING_OUTCOME,
     ClaimedDelivery,
     CommandInbox,
 )
+from bot.commands.outbox import OutboxItem, build_outbox, run_outbox_pass
 from bot.errors import ForgeError, StoreError
-from bot.forges.base import ForgeClient, Permission, Reaction
+from bot.forges.base import (
+    ForgeClient,
+    Permission,
+    Reaction,
+    render_reply_marker,
+)
 from bot.model import TERMINAL_JOB_STATES, Command, Forge, Job, ReviewRequest
 from bot.outage import OutageWatch
 from bot.policy import PolicyBook, evaluate
 from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for
+from bot.review.deferral import RetryBudget
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +67,10 @@ class CommandWorkerSettings:
     workers: int = 8  # LLM worker slots, for the estimated start
     typical_job_s: float = 60.0
     outage_backoff_s: float = 1.0  # first pause after the database is lost
+    # Replies and reactions the forge did not take: tries and backoff, as for reviews.
+    reply_budget: RetryBudget = field(
+        default_factory=lambda: RetryBudget(max_attempts=5, backoff_s=30.0, max_backoff_s=900.0)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +217,9 @@ class CommandWorker:
     async def execute(self, delivery: ClaimedDelivery) -> DeliveryReport | None:
         """Run every command of one delivery, reply once, mark it done; None if taken over."""
         extra = {"action": "command_delivery", "delivery_id": delivery.delivery_id}
+        if delivery.detail.get("outbox"):
+            # The commands ran already: only their reply and reaction are left to send.
+            return await self._resume_outbox(delivery)
         if delivery.attempts > self.settings.max_attempts:
             log.error("command delivery %s failed %d times", delivery.delivery_id,
                       delivery.attempts - 1, extra=extra)  # fmt: skip
@@ -297,22 +312,85 @@ class CommandWorker:
             results.append(
                 CommandResult(offset, "invalid", "refused", "refuse", job.id if job else None, text)
             )
-        reply_id = None
-        if client is not None and results:
-            reply_id = await self._reply(client, forge, repo, number, author, results)
-            await self._react(client, repo, comment_id, _final_reaction(results), number=number)
         self.executed += len(results)
         summary = [
             {"index": r.index, "verb": r.verb, "outcome": r.outcome, "job_id": r.job_id}
             for r in results
         ]
-        report = await self._finish(
-            delivery, DONE_OUTCOME, {"results": summary, "reply_id": reply_id}, results,
+        if client is None or not results:
+            return await self._finish(
+                delivery, DONE_OUTCOME, {"results": summary, "reply_id": None}, results,
+                job_id=touched,
+            )  # fmt: skip
+        body = render_reply(
+            [result.reply for result in results],
+            author=author,
+            marker=render_reply_marker(delivery.id),
+        )
+        outbox = build_outbox(body, _final_reaction(results))
+        saved = await self.inbox.save_outbox(
+            delivery, owner=self.settings.owner, outbox=outbox, result={"results": summary},
             job_id=touched,
         )  # fmt: skip
-        if report is not None:
-            report = DeliveryReport(report.delivery_id, report.outcome, report.results, reply_id)
-        return report
+        if not saved:
+            return self._taken_over(delivery)
+        return await self._send_outbox(
+            delivery, client, outbox, tries=0, look_first=False, results=results
+        )
+
+    async def _resume_outbox(self, delivery: ClaimedDelivery) -> DeliveryReport | None:
+        """Send what a deferred (or crashed) delivery still owes the forge."""
+        detail = delivery.detail
+        forge: Forge = "gitlab" if detail.get("forge") == "gitlab" else "github"
+        client = self.forges.get(forge)
+        if client is None:
+            error = f"no {forge} client is configured: the reply cannot be posted"
+            return await self._finish(delivery, DONE_OUTCOME, {"reply_error": error}, ())
+        client.use_installation(str(detail.get("repo") or ""), detail.get("installation_id"))
+        return await self._send_outbox(
+            delivery,
+            client,
+            list(detail.get("outbox") or ()),
+            tries=int(detail.get("outbox_tries") or 0),
+            look_first=True,
+            results=(),
+        )
+
+    async def _send_outbox(
+        self,
+        delivery: ClaimedDelivery,
+        client: ForgeClient,
+        outbox: Sequence[OutboxItem],
+        *,
+        tries: int,
+        look_first: bool,
+        results: Sequence[CommandResult],
+    ) -> DeliveryReport | None:
+        """One pass over the outbox; the delivery ends done, or waits for its retry time."""
+        ended = await run_outbox_pass(
+            self.inbox, delivery, client, outbox, owner=self.settings.owner,
+            now=self.clock.now(), tries=tries, look_first=look_first,
+            budget=self.settings.reply_budget,
+        )  # fmt: skip
+        if ended.ended == "taken_over":
+            return self._taken_over(delivery)
+        if ended.ended == "deferred":
+            return DeliveryReport(
+                delivery.delivery_id, REPLY_PENDING_OUTCOME, tuple(results), ended.reply_id
+            )
+        report = await self._finish(delivery, DONE_OUTCOME, ended.record, results)
+        if report is None:
+            return None
+        return DeliveryReport(report.delivery_id, report.outcome, report.results, ended.reply_id)
+
+    def _taken_over(self, delivery: ClaimedDelivery) -> DeliveryReport | None:
+        """Log that another worker holds the delivery now; nothing to report (None)."""
+        log.warning(
+            "command delivery %s was taken over by another worker",
+            delivery.delivery_id,
+            extra={"action": "command_taken_over", "delivery_id": delivery.delivery_id},
+        )
+        return None
 
     async def _finish(
         self,
@@ -475,29 +553,6 @@ class CommandWorker:
                 exc,
                 extra={"action": "reaction_failed"},
             )
-
-    async def _reply(
-        self,
-        client: ForgeClient,
-        forge: str,
-        repo: str,
-        number: int,
-        author: str,
-        results: Sequence[CommandResult],
-    ) -> int | None:
-        body = render_reply([result.reply for result in results], author=author)
-        try:
-            return await client.post_comment(repo, number, body)
-        except ForgeError as exc:
-            # Commands already took effect and are in the history; a lost reply is not retried.
-            log.warning(
-                "reply on %s#%s failed: %s",
-                repo,
-                number,
-                exc,
-                extra={"action": "command_reply_failed", "forge": forge},
-            )
-            return None
 
 
 def commands_of(delivery: ClaimedDelivery, *, forge: Forge) -> tuple[list[Command], list[str]]:

@@ -132,7 +132,11 @@ class ForgeClient(Protocol):
 
     async def post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview: ...
 
-    async def post_comment(self, repo: str, number: int, body: str) -> int: ...
+    async def find_comment(self, repo: str, number: int, marker: str) -> int | None: ...
+
+    async def post_comment(
+        self, repo: str, number: int, body: str, *, marker: str | None = None
+    ) -> int: ...
 
     async def add_reaction(
         self, repo: str, comment_id: int, reaction: Reaction, *, number: int | None = None
@@ -146,6 +150,11 @@ class ForgeClient(Protocol):
 def render_marker(job_id: int) -> str:
     """Render the hidden marker that ties a posted body to its job."""
     return f"<!-- review-bot:job={int(job_id)} -->"
+
+
+def render_reply_marker(delivery_row_id: int) -> str:
+    """The hidden marker of the reply to one command delivery (found again on a retry)."""
+    return f"<!-- review-bot:reply={int(delivery_row_id)} -->"
 
 
 def find_marker(body: str | None) -> int | None:

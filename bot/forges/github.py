@@ -456,8 +456,28 @@ class GitHubClient:
             "post_review", create, repo=repo, creates_content=True, recheck=recheck
         )
 
-    async def post_comment(self, repo: str, number: int, body: str) -> int:
-        """Post an issue comment on the PR; returns its id."""
+    async def find_comment(self, repo: str, number: int, marker: str) -> int | None:
+        """The id of the PR's first conversation comment carrying `marker`, or None."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "number": str(number)}
+
+        async def search(token: str) -> int | None:
+            async for item in self._api.getiter(
+                "/repos/{owner}/{repo}/issues/{number}/comments?per_page=100",
+                url_vars,
+                oauth_token=token,
+            ):
+                if marker in str(item.get("body") or ""):
+                    return int(item["id"])
+            return None
+
+        return await self._call("find_comment", search, repo=repo)
+
+    async def post_comment(
+        self, repo: str, number: int, body: str, *, marker: str | None = None
+    ) -> int:
+        """Post an issue comment on the PR; returns its id. With the `marker` the body carries,
+        a retried POST first looks for the comment an earlier try may have left."""
         owner, name = split_repo(repo)
         url_vars = {"owner": owner, "repo": name, "number": str(number)}
 
@@ -470,7 +490,12 @@ class GitHubClient:
             )
             return int(answer["id"])
 
-        return await self._call("post_comment", create, repo=repo, creates_content=True)
+        async def recheck() -> int | None:
+            return await self.find_comment(repo, number, marker) if marker else None
+
+        return await self._call(
+            "post_comment", create, repo=repo, creates_content=True, recheck=recheck
+        )
 
     async def add_reaction(
         self, repo: str, comment_id: int, reaction: Reaction, *, number: int | None = None

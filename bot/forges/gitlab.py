@@ -448,14 +448,23 @@ class GitLabClient:
             return int(cast(dict[str, Any], answer)["id"])
 
         async def recheck() -> int | None:
-            found = await self.find_posted_review(repo, number, marker) if marker else None
-            return found.id if found is not None else None
+            return await self.find_comment(repo, number, marker) if marker else None
 
         return await self._call("create_note", create, recheck=recheck if marker else None)
 
-    async def post_comment(self, repo: str, number: int, body: str) -> int:
-        """Post a note on the MR; returns its id."""
-        return await self._create_note(repo, number, body)
+    async def find_comment(self, repo: str, number: int, marker: str) -> int | None:
+        """The id of the MR's first note (not an inline one) carrying `marker`, or None."""
+        for note in await self._list_notes(repo, number):
+            if marker in str(note.get("body") or "") and note.get("type") != "DiffNote":
+                return int(note["id"])
+        return None
+
+    async def post_comment(
+        self, repo: str, number: int, body: str, *, marker: str | None = None
+    ) -> int:
+        """Post a note on the MR; returns its id. With the `marker` the body carries, a retried
+        POST first looks for the note an earlier try may have left."""
+        return await self._create_note(repo, number, body, marker=marker)
 
     async def add_reaction(
         self, repo: str, comment_id: int, reaction: Reaction, *, number: int | None = None
