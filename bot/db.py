@@ -17,6 +17,8 @@ from bot.errors import ConfigError, StoreError, StoreUnavailable
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# The PostgreSQL advisory lock every migration run holds (migrations/env.py): "revbotmg".
+MIGRATION_LOCK_KEY = int.from_bytes(b"revbotmg", "big")
 
 
 def create_engine(
@@ -141,6 +143,7 @@ def current_head() -> str:
 
 
 __all__ = [
+    "MIGRATION_LOCK_KEY",
     "alembic_config",
     "async_url",
     "create_engine",

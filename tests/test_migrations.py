@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+
 import asyncpg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from bot.db import async_url, downgrade_database, plain_url, upgrade_database
+from bot.db import (
+    MIGRATION_LOCK_KEY,
+    async_url,
+    downgrade_database,
+    plain_url,
+    upgrade_database,
+)
 from bot.queue.schema import metadata
 
 TABLES = {"review_jobs", "review_chunks", "webhook_deliveries", "job_history"}
@@ -43,3 +53,57 @@ async def test_migrations_match_models(db_url: str) -> None:
         differences = await conn.run_sync(_diff)
     await engine.dispose()
     assert differences == []
+
+
+async def _waiting_advisory_locks(connection: asyncpg.Connection) -> int:
+    """Sessions waiting for the migration lock (an advisory lock splits its key in two)."""
+    return int(
+        await connection.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND ((classid::bigint << 32) | objid::bigint) = $1",
+            MIGRATION_LOCK_KEY,
+        )
+    )
+
+
+async def test_migrations_wait_for_the_advisory_lock(empty_db_url: str) -> None:
+    """A replica migrating holds the lock: another one starting waits, then finds head."""
+    holder = await asyncpg.connect(plain_url(empty_db_url))
+    try:
+        await holder.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+        upgrading = asyncio.create_task(upgrade_database(empty_db_url))
+        for _ in range(600):  # the upgrade runs in a thread on its own connection
+            if await _waiting_advisory_locks(holder) or upgrading.done():
+                break
+            await asyncio.sleep(0.05)  # polling the server for a real thread; no virtual time
+        assert await _waiting_advisory_locks(holder) == 1
+        assert not upgrading.done()
+        assert not (await _tables(empty_db_url)) & TABLES
+        await holder.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+        await upgrading
+    finally:
+        await holder.close()
+    assert await _tables(empty_db_url) >= TABLES
+
+
+async def test_replicas_migrating_together_all_succeed(empty_db_url: str) -> None:
+    """Three processes run `bot db upgrade` at once, as replicas starting together do."""
+    environment = {**os.environ, "DATABASE_URL": empty_db_url}
+    processes = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot",
+            "db",
+            "upgrade",
+            env=environment,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for _ in range(3)
+    ]
+    outputs = [await process.communicate() for process in processes]
+    assert [process.returncode for process in processes] == [0, 0, 0], [
+        err.decode()[-2000:] for _, err in outputs
+    ]
+    assert await _tables(empty_db_url) >= TABLES
