@@ -65,9 +65,11 @@ class ForgeNotFound(ForgeError):
 class LLMError(ReviewBotError):
     """An LLM backend call failed after its retries."""
 
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
+    def __init__(self, message: str, *, retryable: bool = True, overloaded: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+        # The server refused for load (429, 503) or timed out: its window should shrink.
+        self.overloaded = overloaded
 
 
 class LLMRequestRejected(LLMError):

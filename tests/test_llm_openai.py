@@ -316,3 +316,40 @@ async def test_engine_over_http_parses_and_records_usage(servers: Any) -> None:
     assert review.usage.prompt_tokens == 22 and review.usage.completion_tokens == 14
     assert "IMPORTANT: your previous answer" in server.bodies[1]["messages"][-1]["content"]
     assert server.bodies[0]["messages"][0] == server.bodies[1]["messages"][0]
+
+
+async def test_a_request_goes_to_the_engine_the_dispatcher_named(servers: Any) -> None:
+    first, second = await servers(), await servers()
+    client = backend([first.url, second.url])
+    pinned = LLMRequest(
+        messages=request().messages, metadata={"job_id": 3, "engine": second.url + "/v1"}
+    )
+    for _ in range(3):
+        response = await client.complete(pinned)
+        assert response.worker == second.url
+    await client.close()
+    assert (len(first.bodies), len(second.bodies)) == (0, 3)
+
+
+async def test_refusals_for_load_are_reported_to_the_engine_window(servers: Any) -> None:
+    busy, good = await servers("429"), await servers()
+    client = backend([busy.url, good.url])
+    pinned = LLMRequest(messages=request().messages, metadata={"engine": busy.url})
+    response = await client.complete(pinned)
+    # Answered by the other server after one refusal for load: the window hears of it.
+    assert response.worker == good.url and response.overloads == 1
+    fine = await client.complete(
+        LLMRequest(messages=request().messages, metadata={"engine": good.url})
+    )
+    assert fine.overloads == 0
+    await client.close()
+    overloaded = backend([(await servers("503")).url], max_retries=1)
+    with pytest.raises(LLMError) as caught:
+        await overloaded.complete(request())
+    await overloaded.close()
+    assert caught.value.overloaded
+    broken = backend([(await servers("500")).url], max_retries=1)
+    with pytest.raises(LLMError) as failed:
+        await broken.complete(request())
+    await broken.close()
+    assert not failed.value.overloaded  # a server error is not load

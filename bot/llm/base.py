@@ -32,6 +32,8 @@ class LLMResponse:
     gpu_seconds: float  # measured wall seconds for real backends, charged ones when simulated
     worker: str
     finish_reason: str | None = None
+    # Attempts the server refused for load (429, 503) or let time out before this answer.
+    overloads: int = 0
 
 
 @runtime_checkable

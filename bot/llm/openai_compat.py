@@ -8,7 +8,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -26,6 +26,7 @@ Clock = Callable[[], float]
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 EJECT_STATUS = frozenset({502, 503, 504})
+OVERLOAD_STATUS = frozenset({429, 503})
 MAX_ERROR_TEXT = 300
 
 
@@ -72,12 +73,20 @@ class AttemptFailed(Exception):
     """One attempt against one worker failed; `retryable` and `eject` say what to do next."""
 
     def __init__(
-        self, message: str, *, retryable: bool, eject: bool, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        eject: bool,
+        retry_after: float | None = None,
+        overloaded: bool = False,
     ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.eject = eject
         self.retry_after = retry_after
+        # The server is past what it can take (429, 503, a timeout): its window should shrink.
+        self.overloaded = overloaded
 
 
 class NoWorkerInRotation(AttemptFailed):
@@ -176,6 +185,20 @@ class OpenAICompatBackend:
         ceiling = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
         return self.rng.uniform(0.0, ceiling)
 
+    def pinned_worker(self, request: LLMRequest, exclude: set[int]) -> WorkerState | None:
+        """The worker the request's `engine` names (the dispatcher's choice), if it can serve."""
+        engine = request.metadata.get("engine")
+        if not isinstance(engine, str):
+            return None
+        try:
+            wanted = normalize_base_url(engine)
+        except ConfigError:
+            return None
+        for index, worker in enumerate(self.workers):
+            if worker.base_url == wanted and worker.healthy and index not in exclude:
+                return worker
+        return None
+
     def choose_worker(self, exclude: set[int]) -> WorkerState | None:
         """The healthy worker with fewest requests in flight; ties go round robin."""
         count = len(self.workers)
@@ -246,13 +269,17 @@ class OpenAICompatBackend:
         tried: set[int] = set()
         attempts = self.max_retries + 1
         last_error = "no attempt made"
-        made = 0
+        made = overloads = 0
 
         async def attempt_once() -> LLMResponse:
-            nonlocal last_error, made
+            nonlocal last_error, made, overloads
             made += 1
             await self.probe_due_workers()
-            worker = self.choose_worker(tried) or self.choose_worker(set())
+            worker = (
+                self.pinned_worker(request, tried)
+                or self.choose_worker(tried)
+                or self.choose_worker(set())
+            )
             if worker is None:
                 last_error = "no LLM worker is in rotation (all are down)"
                 raise NoWorkerInRotation(last_error)
@@ -261,6 +288,7 @@ class OpenAICompatBackend:
                 return await self.attempt(worker, body, request)
             except AttemptFailed as failure:
                 last_error = f"{worker.base_url}: {failure}"
+                overloads += int(failure.overloaded)
                 worker.failures += 1
                 worker.last_error = str(failure)
                 if not failure.retryable:
@@ -286,7 +314,7 @@ class OpenAICompatBackend:
             return wait
 
         try:
-            return await call_with_retries(
+            response = await call_with_retries(
                 attempt_once,
                 attempts=attempts,
                 retryable=lambda error: isinstance(error, AttemptFailed) and error.retryable,
@@ -297,7 +325,10 @@ class OpenAICompatBackend:
             if not failure.retryable:
                 # The request itself is wrong (e.g. 400): no other worker will take it.
                 raise LLMRequestRejected(f"LLM call failed: {last_error}") from failure
-            raise LLMError(f"LLM call failed: {last_error}", retryable=True) from failure
+            raise LLMError(
+                f"LLM call failed: {last_error}", retryable=True, overloaded=overloads > 0
+            ) from failure
+        return replace(response, overloads=overloads) if overloads else response
 
     def wait_for_probe_s(self, attempt: int) -> float:
         """How long to wait when every worker is out: until the first probe is due, bounded."""
@@ -322,7 +353,7 @@ class OpenAICompatBackend:
                 status = response.status
                 retry_after = parse_retry_after(response.headers, now=datetime.now(UTC))
         except TimeoutError as exc:
-            raise AttemptFailed("timed out", retryable=True, eject=False) from exc
+            raise AttemptFailed("timed out", retryable=True, eject=False, overloaded=True) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise AttemptFailed(f"connection failed: {exc}", retryable=True, eject=True) from exc
         except aiohttp.ClientError as exc:
@@ -338,6 +369,7 @@ class OpenAICompatBackend:
                 retryable=status in RETRYABLE_STATUS,
                 eject=status in EJECT_STATUS,
                 retry_after=retry_after,
+                overloaded=status in OVERLOAD_STATUS,
             )
         content, finish_reason, usage = read_completion(text)
         prompt_tokens = int(usage.get("prompt_tokens") or 0)

@@ -174,6 +174,36 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.engine_window = Gauge(
+            "review_bot_engine_window",
+            "Chunks an engine (LLM server) may run at once: its adaptive window",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_in_flight = Gauge(
+            "review_bot_engine_in_flight",
+            "Chunks running on an engine from this process",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_tokens_per_s = Gauge(
+            "review_bot_engine_tokens_per_second",
+            "Completion tokens per second an engine made over its last judged interval",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_prefix_hits = Gauge(
+            "review_bot_engine_prefix_cache_hit_ratio",
+            "Share of prompt tokens vLLM served from its prefix cache (where it reports it)",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_busy = Counter(
+            "review_bot_engine_busy_seconds",
+            "Seconds an engine had at least one chunk in flight (rate() = utilization)",
+            ["engine"],
+            registry=r,
+        )
         self.scrape_errors = Counter(
             "review_bot_metrics_scrape_errors",
             "Scrapes that could not read the queue from the database",
@@ -204,6 +234,25 @@ class Metrics:
         self.llm_latency.observe(max(0.0, latency_s))
         self.llm_tokens.labels("prompt").inc(max(0, prompt_tokens))
         self.llm_tokens.labels("completion").inc(max(0, completion_tokens))
+
+    def show_engine(
+        self,
+        engine: str,
+        *,
+        window: int,
+        in_flight: int,
+        tokens_per_s: float | None = None,
+        prefix_cache_hit_rate: float | None = None,
+        busy_s: float = 0.0,
+    ) -> None:
+        """Set one engine's gauges; `busy_s` is busy time since the last call (counted up)."""
+        self.engine_window.labels(engine).set(window)
+        self.engine_in_flight.labels(engine).set(in_flight)
+        if tokens_per_s is not None:
+            self.engine_tokens_per_s.labels(engine).set(max(0.0, tokens_per_s))
+        if prefix_cache_hit_rate is not None:
+            self.engine_prefix_hits.labels(engine).set(prefix_cache_hit_rate)
+        self.engine_busy.labels(engine).inc(max(0.0, busy_s))
 
     def count_webhook(self, forge: str, outcome: str) -> None:
         self.webhooks.labels(forge, outcome).inc()
