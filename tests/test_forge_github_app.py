@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -151,12 +152,14 @@ async def test_every_request_sends_the_current_media_type_and_api_version(
         await client.add_reaction(REPO, comment, "eyes")
         await client.get_permission(REPO, "octocat")
         await client.find_posted_review(REPO, 7, "<!-- none -->")
+        assert await client.find_comment(REPO, 7, "<!-- none -->") is None
     sent = emulator.state.requests
     assert {entry.route for entry in sent} >= {
         "github.access_token",
         "github.pull",
         "github.files",
         "github.comments.create",
+        "github.comments.list",
         "github.reactions.create",
         "github.permission",
         "github.reviews.list",
@@ -165,6 +168,19 @@ async def test_every_request_sends_the_current_media_type_and_api_version(
         (GITHUB_ACCEPT, GITHUB_API_VERSION)
     }
     assert all(entry.status < 400 for entry in sent)
+    # ...and every one is an operation GitHub's own API description documents.
+    spec = json.loads((shared_dir() / "openapi" / "github-rest-subset.json").read_text())
+    documented = [
+        (method.upper(), re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$"))
+        for path, operations in spec["paths"].items()
+        for method in operations
+    ]
+    undocumented = {
+        (entry.method, entry.path)
+        for entry in sent
+        if not any(m == entry.method and p.match(entry.path) for m, p in documented)
+    }
+    assert undocumented == set()
 
 
 async def test_the_emulator_refuses_an_api_version_github_does_not_serve(
