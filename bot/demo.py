@@ -46,10 +46,10 @@ from bot.llm.base import LLMBackend
 from bot.llm.simulated import SimulatedBackend
 from bot.model import FileChange, JobState
 from bot.obs.reports import ReportOptions, build_report, format_table
+from bot.pipeline import build_pipeline
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.poster import ReviewPipeline
-from bot.sched.dispatcher import Dispatcher, DispatcherSettings, ForgePlanner
+from bot.sched.dispatcher import DispatcherSettings
 from bot.sim.trace import Trace, TraceRequest, generate_trace, head_sha_for, load_trace
 
 log = logging.getLogger(__name__)
@@ -299,21 +299,22 @@ async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> in
         port = runner.addresses[0][1]
         bot_url = f"http://127.0.0.1:{port}"
         say(f"bot: webhooks at {bot_url}/webhooks/{{github,gitlab}}; forges at {emulator.base_url}")
-        pipeline = ReviewPipeline(store, forges, policies)
-        dispatcher = Dispatcher(
+        pipeline = build_pipeline(
             store,
-            backend,
-            planner=ForgePlanner(forges),
-            settings=DispatcherSettings(
+            forges=forges,
+            policies=policies,
+            backend=backend,
+            clock=clock,
+            dispatcher=DispatcherSettings(
                 owner="demo", slots=8, lease_s=900.0, heartbeat_s=2.0, poll_s=0.5, maintenance_s=1.0
             ),
-            clock=clock,
-            on_job_complete=pipeline.job_completed,
-            plan_jobs=pipeline.plan_jobs,
         )
+        dispatcher = pipeline.dispatcher
         stop = asyncio.Event()
         running = asyncio.create_task(dispatcher.run(database_url=url))
-        recovery = asyncio.create_task(pipeline.run_recovery(clock, interval_s=2.0, stop=stop))
+        recovery = asyncio.create_task(
+            pipeline.reviews.run_recovery(clock, interval_s=2.0, stop=stop)
+        )
         try:
             answers = await replay(emulator, bot_url, trace, clock, speed=speed)
             say(f"webhooks answered: {dict(Counter(answers))}")

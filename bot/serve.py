@@ -21,12 +21,13 @@ from bot.llm.base import LLMBackend
 from bot.llm.factory import check_backend_choice, create_backend
 from bot.obs.metrics import Metrics
 from bot.outage import OutageWatch
+from bot.pipeline import build_pipeline
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.planner import PlanningSettings
-from bot.review.poster import PostingSettings, ReviewPipeline
+from bot.review.poster import PostingSettings
 from bot.review.quiet_post import quiet_posting
-from bot.sched.dispatcher import Dispatcher, DispatcherSettings, ForgePlanner
+from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.status.eta import Capacity
 from bot.status.publisher import StatusPublisher, StatusSettings
 
@@ -139,35 +140,29 @@ async def serve(
         if role in ("dispatcher", "all"):
             backend = create_backend(settings)
             lease_s = settings.scheduler.lease_s
-            pipeline = ReviewPipeline(
+            pipeline = build_pipeline(
                 store,
-                forges,
-                policies,
-                metrics=metrics,
-                planning=PlanningSettings(lease_s=lease_s),
-                posting=PostingSettings(lease_s=lease_s),
-                quiet=quiet_posting(settings, store),
-            )
-            dispatcher = Dispatcher(
-                store,
-                backend,
-                planner=ForgePlanner(forges, policy_book=policies),
-                settings=DispatcherSettings.from_scheduler(
+                forges=forges,
+                policies=policies,
+                backend=backend,
+                clock=clock,
+                dispatcher=DispatcherSettings.from_scheduler(
                     settings.scheduler,
                     owner=worker_name(),
                     outage_backoff_s=settings.outage_backoff_s,
                 ),
-                clock=clock,
-                on_job_complete=pipeline.job_completed,
-                plan_jobs=pipeline.plan_jobs,
+                planning=PlanningSettings(lease_s=lease_s),
+                posting=PostingSettings(lease_s=lease_s),
                 metrics=metrics,
+                quiet=quiet_posting(settings, store),
             )
+            dispatcher = pipeline.dispatcher
             background.append(asyncio.create_task(dispatcher.run(database_url=url)))
             background.append(
                 # Taking over a dead process's reviews follows the lease: the recovery pass
                 # looks for expired claims as often as the heartbeat renews live ones.
                 asyncio.create_task(
-                    pipeline.run_recovery(
+                    pipeline.reviews.run_recovery(
                         clock,
                         interval_s=settings.scheduler.heartbeat_s,
                         stop=stop,
@@ -177,7 +172,7 @@ async def serve(
             )
             background.append(
                 asyncio.create_task(
-                    pipeline.run_heartbeat(
+                    pipeline.reviews.run_heartbeat(
                         clock, interval_s=settings.scheduler.heartbeat_s, stop=stop
                     )
                 )

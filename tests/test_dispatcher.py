@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 from aiohttp import web
@@ -12,42 +12,40 @@ from aiohttp import web
 from bot.clock import SystemClock
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.llm.simulated import SimulatedBackend
-from bot.model import ChunkState, FileChange, Job, JobState, Level
+from bot.model import ChunkState, FileChange, JobState, Level
+from bot.pipeline import build_pipeline
 from bot.queue.store import QueueSettings, QueueStore
 from bot.review.assemble import assemble_review, stored_chunk
-from bot.review.chunking import plan_chunks, plan_chunks_from_lines
-from bot.sched.dispatcher import Dispatcher, DispatcherSettings, JobPlan
+from bot.review.planner import PlanningSettings
+from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
+from bot.sim.forge import added_lines_patch, memory_forges
 from tests.factories import decide, make_request
 
 pytestmark = pytest.mark.slow
 
 
-class LinesPlanner:
-    """Chunks a job by its stored size, as if its diff had that many lines in 40-line files."""
-
-    def __init__(self, line_budget: int = 40) -> None:
-        self.line_budget = line_budget
-
-    async def plan(self, job: Job) -> JobPlan:
-        lines = [40] * max(1, job.total_lines // 40)
-        result = plan_chunks_from_lines(lines, line_budget=self.line_budget)
-        return JobPlan(chunks=result.chunks)
+# Every test's changes live in one in-memory forge; a job's diff is 40-line files, 40 lines
+# a chunk, so a 120-line job is three chunks.
+FORGES = memory_forges(SystemClock())
+FORTY_LINE_CHUNKS = PlanningSettings(line_budget=40, first_budget=None)
 
 
 def _dispatcher(store: QueueStore, owner: str, *, time_scale: float, poll_s: float) -> Dispatcher:
     backend = SimulatedBackend(
         overhead_s=3.0, seconds_per_line=0.01, sleep=asyncio.sleep, time_scale=time_scale
     )
-    return Dispatcher(
+    return build_pipeline(
         store,
-        backend,
-        planner=LinesPlanner(),
-        settings=DispatcherSettings(
+        forges=FORGES,
+        policies=None,
+        backend=backend,
+        clock=SystemClock(),
+        dispatcher=DispatcherSettings(
             owner=owner, slots=3, poll_s=poll_s, lease_s=60.0, mlfq=MlfqSettings(reserved_slots=0)
         ),
-        clock=SystemClock(),
-    )
+        planning=FORTY_LINE_CHUNKS,
+    ).dispatcher
 
 
 async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
@@ -61,14 +59,39 @@ async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> None
         await asyncio.sleep(0.02)
 
 
-async def _submit(store: QueueStore, number: int, lines: int = 120) -> int:
+async def _submit(
+    store: QueueStore,
+    number: int,
+    lines: int = 120,
+    files: Sequence[FileChange] | None = None,
+) -> int:
+    """Enqueue a review of `lines` changed lines (in 40-line files unless `files` are given)."""
+    head_sha = f"{number:040d}"
+    add_change(number, lines, head_sha=head_sha, files=files)
     result = await store.submit_request(
-        make_request(number=number, head_sha=f"{number:040d}", additions=lines, deletions=0),
+        make_request(number=number, head_sha=head_sha, additions=lines, deletions=0),
         decide(),
         now=SystemClock().now(),
     )
     assert result.job_id is not None
     return result.job_id
+
+
+def add_change(
+    number: int, lines: int, *, head_sha: str, files: Sequence[FileChange] | None = None
+) -> None:
+    """Put a change of acme/payments on the forge: `files`, or `lines` in 40-line files."""
+    if files is None:
+        files = [
+            FileChange(f"src/module_{i}.py", additions=size, patch=added_lines_patch(size))
+            for i, size in enumerate(_even_parts(lines, 40))
+        ]
+    FORGES["github"].add_change("acme/payments", number, files, head_sha=head_sha)
+
+
+def _even_parts(lines: int, size: int) -> list[int]:
+    parts = [size] * (lines // size)
+    return [*parts, lines % size] if lines % size else parts or [lines]
 
 
 async def _all_done(store: QueueStore, job_ids: list[int]) -> bool:
@@ -144,13 +167,6 @@ async def _held(dispatcher: Dispatcher, count: int) -> bool:
     return len(dispatcher.held) >= count
 
 
-class OneChunkPlanner:
-    """One chunk per job, as large as the job's stored size."""
-
-    async def plan(self, job: Job) -> JobPlan:
-        return JobPlan(chunks=plan_chunks_from_lines([job.total_lines], line_budget=10_000).chunks)
-
-
 async def test_a_p0_review_with_every_slot_busy_preempts_and_the_victim_runs_once(
     db_url: str,
 ) -> None:
@@ -159,19 +175,27 @@ async def test_a_p0_review_with_every_slot_busy_preempts_and_the_victim_runs_onc
     backend = SimulatedBackend(
         overhead_s=3.0, seconds_per_line=0.1, sleep=asyncio.sleep, time_scale=0.02
     )
-    dispatcher = Dispatcher(
+    dispatcher = build_pipeline(
         store,
-        backend,
-        planner=OneChunkPlanner(),
-        settings=DispatcherSettings(
+        forges=FORGES,
+        policies=None,
+        backend=backend,
+        clock=SystemClock(),
+        dispatcher=DispatcherSettings(
             owner="d1", slots=2, poll_s=0.5, lease_s=60.0, mlfq=MlfqSettings(reserved_slots=0)
         ),
-        clock=SystemClock(),
-    )
+        planning=PlanningSettings(line_budget=10_000),  # one chunk per job
+    ).dispatcher
     runner = asyncio.create_task(dispatcher.run(database_url=db_url))
     try:
         long_jobs = [await _submit(store, number, lines=400) for number in (41, 42)]
         await _until(lambda: _held(dispatcher, 2), timeout_s=10.0)
+        FORGES["github"].add_change(
+            "acme/payments",
+            43,
+            [FileChange("src/fix.py", additions=10, patch=added_lines_patch(10))],
+            head_sha="c" * 40,
+        )
         result = await store.submit_request(
             make_request(number=43, head_sha="c" * 40, additions=10, deletions=0),
             decide(Level.P0, "hotfix"),
@@ -263,18 +287,16 @@ class ContextLimitedServer:
             await self.runner.cleanup()
 
 
-class PatchPlanner:
-    """Two chunks: a small real patch, and one whose two lines overflow the model's context."""
-
-    async def plan(self, job: Job) -> JobPlan:
-        small = FileChange(
-            path="app/small.py", additions=1, deletions=0, patch="@@ -1 +1,2 @@\n x\n+y\n"
-        )
-        huge_patch = "@@ -1 +1,3 @@\n x\n+" + "a" * 8000 + "\n+" + "b" * 8000 + "\n"
-        huge = FileChange(path="app/huge.py", additions=2, deletions=0, patch=huge_patch)
-        result = plan_chunks([small, huge], line_budget=2, first_budget=None)
-        assert [len(chunk.files) for chunk in result.chunks] == [1, 1]
-        return JobPlan(chunks=result.chunks)
+def _small_and_huge_files() -> list[FileChange]:
+    """A small real patch, and one whose two changed lines sit in context that overflows the
+    model's context."""
+    small = FileChange(
+        path="app/small.py", additions=1, deletions=0, patch="@@ -1 +1,2 @@\n x\n+y\n"
+    )
+    context = "".join(f"     value_{i} = compute_{i}(request, settings)\n" for i in range(200))
+    huge_patch = "@@ -1,200 +1,202 @@\n" + context + "+a\n+b\n"
+    huge = FileChange(path="app/huge.py", additions=2, deletions=0, patch=huge_patch)
+    return [small, huge]
 
 
 async def test_a_chunk_the_model_server_refuses_is_named_in_the_review_not_fatal(
@@ -284,16 +306,18 @@ async def test_a_chunk_the_model_server_refuses_is_named_in_the_review_not_fatal
     url = await server.start()
     store = QueueStore.from_url(db_url)
     backend = OpenAICompatBackend([url], model="review-model", max_retries=1)
-    dispatcher = Dispatcher(
+    dispatcher = build_pipeline(
         store,
-        backend,
-        planner=PatchPlanner(),
-        settings=DispatcherSettings(owner="d1", slots=2, poll_s=0.2, lease_s=60.0),
+        forges=FORGES,
+        policies=None,
+        backend=backend,
         clock=SystemClock(),
-    )
+        dispatcher=DispatcherSettings(owner="d1", slots=2, poll_s=0.2, lease_s=60.0),
+        planning=PlanningSettings(line_budget=2, first_budget=None),  # one file a chunk
+    ).dispatcher
     runner = asyncio.create_task(dispatcher.run(database_url=db_url))
     try:
-        job_id = await _submit(store, 1, lines=3)
+        job_id = await _submit(store, 1, lines=3, files=_small_and_huge_files())
         await _until(lambda: _all_done(store, [job_id]), timeout_s=20.0)
         chunks = await store.chunk_results(job_id)
         statuses = [str((chunk.result or {}).get("status")) for chunk in chunks]

@@ -33,10 +33,10 @@ from bot.forges.emulator import (
 from bot.forges.registry import ForgeOptions, ForgeRegistry, build_forges
 from bot.llm.simulated import SimulatedBackend
 from bot.model import ChunkState, JobState
+from bot.pipeline import build_pipeline
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.poster import ReviewPipeline
-from bot.sched.dispatcher import Dispatcher, DispatcherSettings, ForgePlanner
+from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
 from tests.conftest import shared_dir
 from tests.pipeline_helpers import GITHUB_TOKEN, GITLAB_TOKEN, SMELLY, forge_settings
@@ -88,13 +88,14 @@ class Bot:
             )
             self.server = TestServer(app, host="127.0.0.1")
             await self.server.start_server()
-        pipeline = ReviewPipeline(self.store, self.forges, self.policies)
         self.generation += 1
-        self.dispatcher = Dispatcher(
+        self.dispatcher = build_pipeline(
             self.store,
-            SimulatedBackend(sleep=asyncio.sleep, time_scale=self.time_scale),
-            planner=ForgePlanner(self.forges),
-            settings=DispatcherSettings(
+            forges=self.forges,
+            policies=self.policies,
+            backend=SimulatedBackend(sleep=asyncio.sleep, time_scale=self.time_scale),
+            clock=SystemClock(),
+            dispatcher=DispatcherSettings(
                 owner=f"dispatcher-{self.generation}",
                 slots=slots,
                 poll_s=0.2,
@@ -103,10 +104,7 @@ class Bot:
                 maintenance_s=0.2,
                 mlfq=MlfqSettings(reserved_slots=0),
             ),
-            clock=SystemClock(),
-            on_job_complete=pipeline.job_completed,
-            plan_jobs=pipeline.plan_jobs,
-        )
+        ).dispatcher
         self.task = asyncio.create_task(self.dispatcher.run(database_url=self.db_url))
 
     async def crash(self) -> None:

@@ -112,6 +112,8 @@ async def test_ranks_put_first_chunks_ahead_of_continuations(
     continuations = [seq for job_id, seq in ranks if job_id == big_id and seq > 0]
     assert len(continuations) >= 3
     assert all(ranks[(big_id, seq)] >= CONTINUATION_RANK_OFFSET for seq in continuations)
+    # The continuations share one rank (queue_ranks): they run in order, as one unit.
+    assert len({ranks[(big_id, seq)] for seq in continuations}) == 1
 
 
 async def test_gitlab_sizes_are_known_after_the_diff_and_move_the_level(

@@ -22,11 +22,12 @@ from bot.llm.simulated import SimulatedBackend
 from bot.llm.vllm_engine import translate_vllm_error
 from bot.model import JobState
 from bot.outage import OutageWatch, backoff_delay
+from bot.pipeline import build_pipeline
 from bot.queue.store import QueueSettings, QueueStore
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
 from tests.factories import decide, make_request
-from tests.test_dispatcher import LinesPlanner
+from tests.test_dispatcher import FORGES, FORTY_LINE_CHUNKS, add_change
 from tests.test_vllm_integration import vllm_paths  # noqa: F401  (fixture)
 
 
@@ -185,11 +186,14 @@ def _dispatcher(store: QueueStore, *, poll_s: float) -> Dispatcher:
     backend = SimulatedBackend(
         overhead_s=1.0, seconds_per_line=0.0, sleep=asyncio.sleep, time_scale=0.001
     )
-    return Dispatcher(
+    return build_pipeline(
         store,
-        backend,
-        planner=LinesPlanner(),
-        settings=DispatcherSettings(
+        forges=FORGES,
+        policies=None,
+        backend=backend,
+        clock=SystemClock(),
+        planning=FORTY_LINE_CHUNKS,
+        dispatcher=DispatcherSettings(
             owner="d1",
             slots=2,
             poll_s=poll_s,
@@ -198,8 +202,7 @@ def _dispatcher(store: QueueStore, *, poll_s: float) -> Dispatcher:
             outage_backoff_s=0.02,
             mlfq=MlfqSettings(reserved_slots=0),
         ),
-        clock=SystemClock(),
-    )
+    ).dispatcher
 
 
 async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
@@ -241,6 +244,7 @@ async def test_a_dispatcher_carries_on_after_every_session_is_terminated(
         return job is not None and job.state == JobState.DONE
 
     try:
+        add_change(1, 90, head_sha="1" * 40)
         first = await store.submit_request(
             make_request(number=1, head_sha="1" * 40, additions=80),
             decide(),
@@ -251,6 +255,7 @@ async def test_a_dispatcher_carries_on_after_every_session_is_terminated(
         # A fast shutdown ends every session, the LISTEN connection included.
         assert await _terminate_backends(pg_server, db_url) >= 1
         await asyncio.sleep(0.2)
+        add_change(2, 90, head_sha="2" * 40)
         second = await store.submit_request(
             make_request(number=2, head_sha="2" * 40, additions=80),
             decide(),
@@ -276,19 +281,22 @@ async def test_a_backend_raising_something_unexpected_frees_the_slot_and_counts_
     backend = SimulatedBackend(
         overhead_s=1.0, seconds_per_line=0.0, sleep=asyncio.sleep, time_scale=0.001, fault_every=3
     )  # the first call for every third chunk raises RuntimeError
-    dispatcher = Dispatcher(
+    dispatcher = build_pipeline(
         store,
-        backend,
-        planner=LinesPlanner(),
-        settings=DispatcherSettings(
+        forges=FORGES,
+        policies=None,
+        backend=backend,
+        clock=SystemClock(),
+        planning=FORTY_LINE_CHUNKS,
+        dispatcher=DispatcherSettings(
             owner="d1", slots=2, poll_s=0.05, lease_s=60.0, mlfq=MlfqSettings(reserved_slots=0)
         ),
-        clock=SystemClock(),
-    )
+    ).dispatcher
     runner = asyncio.create_task(dispatcher.run(database_url=db_url))
     job_ids = []
     try:
         for number in range(1, 7):
+            add_change(number, 90, head_sha=f"{number:040d}")
             result = await store.submit_request(
                 make_request(number=number, head_sha=f"{number:040d}", additions=80),
                 decide(),

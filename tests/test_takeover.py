@@ -14,13 +14,13 @@ from bot.forges.emulator import ForgeEmulator
 from bot.forges.registry import ForgeRegistry
 from bot.llm.simulated import SimulatedBackend
 from bot.model import LEVELS, ChunkState, JobState
+from bot.pipeline import build_pipeline
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.planner import PlanningSettings, plan_next_jobs
 from bot.review.poster import PostingSettings, ReviewPipeline
-from bot.sched.dispatcher import Dispatcher, DispatcherSettings
+from bot.sched.dispatcher import DispatcherSettings
 from tests.pipeline_helpers import SMELLY, emulator_forges, emulator_state, request_for
-from tests.test_dispatcher import LinesPlanner
 from tests.test_poster import reviewed_job, reviews_of
 
 LEASE_S = 10.0
@@ -134,13 +134,14 @@ async def test_each_heartbeat_reclaims_the_chunks_of_a_dead_dispatcher(
     await plan_next_jobs(store, forges, book, now=clock.now())
     leased = await store.fetch_chunk(levels=LEVELS, owner="dead", now=clock.now(), lease_s=LEASE_S)
     assert leased is not None
-    survivor = Dispatcher(
+    survivor = build_pipeline(
         store,
-        SimulatedBackend(),
-        planner=LinesPlanner(),
-        settings=DispatcherSettings(owner="survivor", lease_s=LEASE_S, heartbeat_s=LEASE_S / 3),
+        forges=forges,
+        policies=book,
+        backend=SimulatedBackend(),
         clock=clock,
-    )
+        dispatcher=DispatcherSettings(owner="survivor", lease_s=LEASE_S, heartbeat_s=LEASE_S / 3),
+    ).dispatcher
     ticks = []
     for _ in range(4):  # heartbeats at 1/3, 2/3, 3/3 and 4/3 of the lease
         clock.advance(LEASE_S / 3 + 0.01)

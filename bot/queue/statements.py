@@ -402,6 +402,9 @@ SELECT_HISTORY = _sql("SELECT * FROM job_history WHERE job_id = :job_id ORDER BY
 
 SELECT_CHUNKS = _sql("SELECT * FROM review_chunks WHERE job_id = :job_id ORDER BY seq")
 
+# A job's chunk sizes in order (the scheduler ranks a job another process planned).
+SELECT_CHUNK_LINES = _sql("SELECT lines FROM review_chunks WHERE job_id = :job_id ORDER BY seq")
+
 # Jobs whose chunks are all done but whose review was never posted (a crash in between).
 # With :now, jobs another poster holds a live claim on, or whose retry time has not come,
 # are left out: they must not fill the batch while others wait.

@@ -1072,6 +1072,11 @@ class QueueStore:
         rows = await self._fetch_all(sql.SELECT_CHUNKS, {"job_id": job_id})
         return [_chunk_from_row(row) for row in rows]
 
+    async def chunk_lines(self, job_id: int) -> tuple[int, ...]:
+        """Changed lines of each of a job's chunks, in order."""
+        rows = await self._fetch_all(sql.SELECT_CHUNK_LINES, {"job_id": job_id})
+        return tuple(int(row.lines) for row in rows)
+
     async def unposted_jobs(self, *, limit: int = 10, now: datetime | None = None) -> list[Job]:
         """Jobs whose chunks are all done but whose review was not posted (crash recovery).
 

@@ -16,10 +16,10 @@ from bot.model import ChunkPlan, Job, JobState, PolicyDecision, ReviewRequest
 from bot.policy import PolicyBook, evaluate
 from bot.queue.store import QueueStore
 from bot.review.assemble import classify_skipped_file
-from bot.review.chunking import DEFAULT_LINE_BUDGET, plan_chunks
+from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET, plan_chunks
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.narrow import ReviewScope
-from bot.sched.mlfq import ServiceEstimator, rank_chunks
+from bot.sched.mlfq import SchedulingPolicy, ServiceEstimator, queue_ranks, rank_chunks
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +27,35 @@ PlanningResult = Literal["planned", "deferred", "cancelled", "failed"]
 REQUEST_FIELDS = frozenset(ReviewRequest.__dataclass_fields__)
 # Narrows a fetched diff to what the review covers (quiet reviews: the increment).
 ScopeReview = Callable[[Job, PullChanges], Awaitable[ReviewScope]]
+# A line budget no review reaches: the whole change in one call.
+ONE_CALL_BUDGET = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class PlanningSettings:
-    """Chunk size and how planning retries a forge that fails."""
+    """Chunk sizes, how chunks are ranked, and how planning retries a forge that fails."""
 
     line_budget: int = DEFAULT_LINE_BUDGET
+    first_budget: int | None = DEFAULT_FIRST_BUDGET
+    # mlfq: chunks ranked by the job's expected remaining work. Without time slicing (fifo and
+    # priority) a review is one call and the queue keeps arrival order (rank 0, then the id).
+    time_slicing: bool = True
     max_attempts: int = 5
     backoff_s: float = 15.0
     max_backoff_s: float = 900.0
     # Planning claims a job for this long (the lease): a planner that dies loses it after.
     lease_s: float = 300.0
     owner: str = field(default_factory=lambda: f"planner-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+    @classmethod
+    def for_policy(
+        cls, policy: SchedulingPolicy, base: PlanningSettings | None = None
+    ) -> PlanningSettings:
+        """The planning a scheduling policy needs: chunks for mlfq, one call per review else."""
+        settings = base or cls()
+        if policy == "mlfq":
+            return replace(settings, time_slicing=True)
+        return replace(settings, line_budget=ONE_CALL_BUDGET, first_budget=None, time_slicing=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +86,9 @@ class PlanningOutcome:
     chunks: int = 0
     skipped: int = 0
     detail: str = ""
+    # A planned job's chunk sizes and `rank_chunks` ranks (the dispatcher re-ranks from them).
+    chunk_lines: tuple[int, ...] = ()
+    ranks: tuple[float, ...] = ()
 
 
 def request_of(job: Job) -> ReviewRequest | None:
@@ -106,11 +125,21 @@ def build_review_plan(
     changes: PullChanges,
     book: PolicyBook | None,
     *,
-    line_budget: int = DEFAULT_LINE_BUDGET,
+    settings: PlanningSettings | None = None,
     estimator: ServiceEstimator | None = None,
 ) -> ReviewPlan:
-    """Chunk a fetched diff, list skipped files with reasons, rank the chunks (pure)."""
-    result = plan_chunks(changes.files, line_budget=line_budget, skip=classify_skipped_file)
+    """Chunk a fetched diff, list skipped files with reasons, rank the chunks (pure).
+
+    Ranks are `rank_chunks` ranks (each chunk's expected remaining work); what the queue
+    stores is `queue_ranks` of them, so a job's continuations share one rank.
+    """
+    settings = settings or PlanningSettings()
+    result = plan_chunks(
+        changes.files,
+        line_budget=settings.line_budget,
+        first_budget=settings.first_budget,
+        skip=classify_skipped_file,
+    )
     skipped: list[Mapping[str, Any]] = [
         {"path": item.path, "reason": item.reason, "lines": item.lines} for item in result.skipped
     ]
@@ -124,7 +153,10 @@ def build_review_plan(
     deletions = sum(change.deletions for change in changes.files)
     files_changed = changes.total_files or len(changes.files)
     lines = [chunk.lines for chunk in result.chunks]
-    ranks = rank_chunks(lines, estimator=estimator or ServiceEstimator.with_prior())
+    if settings.time_slicing:
+        ranks = rank_chunks(lines, estimator=estimator or ServiceEstimator.with_prior())
+    else:
+        ranks = (0.0,) * len(lines)
     return ReviewPlan(
         chunks=result.chunks,
         ranks=ranks,
@@ -191,9 +223,7 @@ async def plan_one_job(
     if scope is not None:
         changes = scope.changes
     try:
-        plan = build_review_plan(
-            job, changes, book, line_budget=settings.line_budget, estimator=estimator
-        )
+        plan = build_review_plan(job, changes, book, settings=settings, estimator=estimator)
     except ValueError as exc:
         error = f"the diff cannot be chunked: {exc}"
         await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error, actor="planner")
@@ -216,7 +246,7 @@ async def plan_one_job(
         plan.chunks,
         now=now,
         decision=plan.decision,
-        rank=plan.ranks,
+        rank=queue_ranks(plan.ranks),
         files_changed=plan.files_changed,
         additions=plan.additions,
         deletions=plan.deletions,
@@ -231,7 +261,14 @@ async def plan_one_job(
         len(plan.skipped),
         extra={"action": "job_planned", **context},
     )
-    return PlanningOutcome(job.id, "planned", chunks=len(plan.chunks), skipped=len(plan.skipped))
+    return PlanningOutcome(
+        job.id,
+        "planned",
+        chunks=len(plan.chunks),
+        skipped=len(plan.skipped),
+        chunk_lines=tuple(chunk.lines for chunk in plan.chunks),
+        ranks=plan.ranks,
+    )
 
 
 async def _defer_or_fail(
@@ -295,6 +332,7 @@ def summarize_outcomes(outcomes: Sequence[PlanningOutcome]) -> dict[str, int]:
 
 
 __all__ = [
+    "ONE_CALL_BUDGET",
     "PlanningOutcome",
     "PlanningSettings",
     "ReviewPlan",

@@ -32,7 +32,7 @@ from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, s
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.narrow import IncrementNarrower
 from bot.review.parse import parse_review
-from bot.review.planner import PlanningSettings, plan_next_jobs
+from bot.review.planner import PlanningOutcome, PlanningSettings, plan_next_jobs
 from bot.sched.mlfq import ServiceEstimator
 
 if TYPE_CHECKING:
@@ -301,7 +301,7 @@ class ReviewPipeline:
         self.plan_limit = plan_limit
         self._posting: dict[int, int] = {}  # job id -> posts of it running in this process
 
-    async def plan_jobs(self, now: datetime, estimator: ServiceEstimator) -> int:
+    async def plan_jobs(self, now: datetime, estimator: ServiceEstimator) -> list[PlanningOutcome]:
         """Plan pending jobs (the dispatcher's `plan_jobs`); jobs with nothing to review post."""
         outcomes = await plan_next_jobs(
             self.store,
@@ -316,7 +316,7 @@ class ReviewPipeline:
         for outcome in outcomes:
             if outcome.result == "planned" and outcome.chunks == 0 and not outcome.detail:
                 await self.job_completed(outcome.job_id, now)
-        return len(outcomes)
+        return outcomes
 
     async def renew_claims(self, now: datetime) -> int:
         """Extend the posting claims of the jobs being posted now; returns how many."""

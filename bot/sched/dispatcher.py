@@ -8,110 +8,34 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from bot.clock import Clock
 from bot.config import SchedulerSettings
-from bot.errors import LeaseLost, LLMError, LLMRequestRejected, ReviewBotError, StoreError
+from bot.errors import LeaseLost, LLMError, LLMRequestRejected, StoreError
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
-from bot.model import LEVELS, ChunkPlan, Job, JobState, Level, PolicyDecision, ReviewRequest
+from bot.model import LEVELS, Job, JobState, Level
 from bot.obs.metrics import Metrics
 from bot.outage import OutageWatch
 from bot.queue.store import ChunkOutcome, Leased, QueueStore
 from bot.review.engine import ChunkReview, review_chunk
+from bot.review.planner import PlanningOutcome
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
+    SCHEDULING_POLICIES,
     MlfqSettings,
     RunningCall,
+    SchedulingPolicy,
     ServiceEstimator,
     SlotChoice,
     apply_feedback,
     choose_preemption,
     choose_slot,
     expected_chunk_s,
-    queue_ranks,
     rank_chunks,
 )
 
 log = logging.getLogger(__name__)
-
-SchedulingPolicy = Literal["fifo", "priority", "mlfq"]
-SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fifo", "priority", "mlfq")
-
-
-@dataclass(frozen=True, slots=True)
-class JobPlan:
-    """What a planner made of a job: its chunks, and facts learned from fetching the diff."""
-
-    chunks: tuple[ChunkPlan, ...]
-    decision: PolicyDecision | None = None
-    files_changed: int | None = None
-    additions: int | None = None
-    deletions: int | None = None
-    # fifo/priority: the queue order (arrival time); mlfq ranks chunks itself when None
-    rank: float | None = None
-
-
-class Planner(Protocol):
-    """Fetches a job's diff and chunks it (the forge side of planning)."""
-
-    async def plan(self, job: Job) -> JobPlan: ...
-
-
-class ForgePlanner:
-    """Plans a job from its forge diff: skipped files left out, sizes filled, level re-evaluated."""
-
-    def __init__(
-        self,
-        forges: Mapping[str, Any],
-        *,
-        policy_book: Any | None = None,
-        line_budget: int | None = None,
-    ) -> None:
-        self.forges = forges
-        self.policy_book = policy_book
-        self.line_budget = line_budget
-
-    async def plan(self, job: Job) -> JobPlan:
-        """Fetch the diff and chunk it; raises ForgeError from the forge client."""
-        from bot.review.assemble import classify_skipped_file
-        from bot.review.chunking import DEFAULT_LINE_BUDGET, plan_chunks
-
-        client = self.forges[job.forge]
-        changes = await client.fetch_changes(
-            job.repo,
-            job.number,
-            project_id=job.request.get("project_id"),
-            installation_id=job.request.get("installation_id"),
-        )
-        result = plan_chunks(
-            changes.files,
-            line_budget=self.line_budget or DEFAULT_LINE_BUDGET,
-            skip=classify_skipped_file,
-        )
-        additions = sum(change.additions for change in changes.files)
-        deletions = sum(change.deletions for change in changes.files)
-        files_changed = changes.total_files or len(changes.files)
-        decision = None
-        if self.policy_book is not None and job.request:
-            from bot.policy import evaluate
-
-            known = {name: job.request[name] for name in _REQUEST_FIELDS if name in job.request}
-            known.update(files_changed=files_changed, additions=additions, deletions=deletions)
-            known["labels"] = tuple(known.get("labels", ()))
-            known["depends_on_refs"] = tuple(known.get("depends_on_refs", ()))
-            request = ReviewRequest(**known)
-            decision = evaluate(self.policy_book.policy_for(job.repo), request)
-        return JobPlan(
-            chunks=result.chunks,
-            decision=decision,
-            files_changed=files_changed,
-            additions=additions,
-            deletions=deletions,
-        )
-
-
-_REQUEST_FIELDS = tuple(ReviewRequest.__dataclass_fields__)
 
 
 def install_signal_handlers(dispatcher: Dispatcher) -> None:
@@ -127,9 +51,10 @@ RequestBuilder = Callable[[Job | None, Leased], Awaitable[LLMRequest]]
 JobCompleted = Callable[[int, datetime], Awaitable[None]]
 # Told of a running chunk the dispatcher took back for P0 work (the replay drops its completion).
 ChunkPreempted = Callable[[Leased, datetime], Awaitable[None]]
-# Plans pending jobs itself (bot.review.planner: skipped files kept, forge errors retried or
-# ending the job); gets the current estimator for the ranks, returns how many it handled.
-PlanJobs = Callable[[datetime, ServiceEstimator], Awaitable[int]]
+# Plans pending jobs (bot.review.planner through the pipeline: the diff fetched and chunked,
+# forge errors retried or ending the job); gets the current estimator for the ranks, returns
+# what it did to each job (a planned job's chunk sizes and ranks among it).
+PlanJobs = Callable[[datetime, ServiceEstimator], Awaitable[Sequence[PlanningOutcome]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,20 +144,18 @@ class Dispatcher:
         store: QueueStore,
         backend: LLMBackend,
         *,
-        planner: Planner,
+        plan_jobs: PlanJobs,
         settings: DispatcherSettings,
         clock: Clock,
         build_request: RequestBuilder = default_request,
         on_job_complete: JobCompleted | None = None,
         estimator: ServiceEstimator | None = None,
-        plan_jobs: PlanJobs | None = None,
         instructions: str | None = None,
         metrics: Metrics | None = None,
         on_preempt: ChunkPreempted | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
-        self.planner = planner
         self.settings = settings
         self.clock = clock
         self.build_request = build_request
@@ -270,60 +193,23 @@ class Dispatcher:
         """Ranks for a new job's chunks from the current estimator."""
         return rank_chunks(chunk_lines, estimator=self.estimator)
 
-    async def plan_pending(self, now: datetime, *, limit: int = 50) -> int:
-        """Plan jobs whose diff is not chunked yet; returns how many were planned."""
-        if self.plan_jobs is not None:
-            return await self.plan_jobs(now, self.estimator)
-        planned = 0
-        while True:
-            jobs = await self.store.fetch_unplanned_jobs(
-                now=now, limit=limit, owner=self.settings.owner, lease_s=self.settings.lease_s
-            )
-            if not jobs:
-                return planned
-            for job in jobs:
-                await self.plan_one(job, now)
-                planned += 1
-            if len(jobs) < limit:
-                return planned
+    async def plan_pending(self, now: datetime) -> int:
+        """Plan jobs whose diff is not chunked yet; returns how many jobs planning handled.
 
-    async def plan_one(self, job: Job, now: datetime) -> None:
-        """Chunk one job and store its chunks with their ranks."""
-        try:
-            plan = await self.planner.plan(job)
-        except ReviewBotError as exc:
-            log.warning(
-                "planning job %s failed: %s",
-                job.id,
-                exc,
-                extra={"action": "plan_failed", "job_id": job.id},
-            )
-            await self.store.finish_job(
-                job.id, now=now, state=JobState.FAILED, error=f"planning failed: {exc}"
-            )
-            return
-        lines = tuple(chunk.lines for chunk in plan.chunks)
-        facts = _JobFacts(total_lines=sum(lines), chunk_lines=lines)
-        self.jobs[job.id] = facts
-        ranks: float | Sequence[float]
-        if plan.rank is not None or self.settings.policy != "mlfq":
-            ranks = plan.rank if plan.rank is not None else 0.0
-        else:
-            facts.ranks = self.ranks_for(lines)
-            ranks = queue_ranks(facts.ranks)
-            facts.stored_rank = ranks[1] if len(ranks) > 1 else None
-        await self.store.plan_job(
-            job.id,
-            plan.chunks,
-            now=now,
-            decision=plan.decision,
-            rank=ranks,
-            files_changed=plan.files_changed,
-            additions=plan.additions,
-            deletions=plan.deletions,
-        )
-        if not plan.chunks:
-            await self._job_done(job.id, now)
+        The chunk sizes and ranks of what was planned stay in the per-job record, so the
+        job's continuations are re-ranked as its chunks start and finish.
+        """
+        outcomes = await self.plan_jobs(now, self.estimator)
+        if self.settings.policy == "mlfq":
+            for outcome in outcomes:
+                if outcome.result == "planned" and outcome.chunk_lines:
+                    self.jobs[outcome.job_id] = _JobFacts(
+                        total_lines=sum(outcome.chunk_lines),
+                        chunk_lines=outcome.chunk_lines,
+                        ranks=outcome.ranks,
+                        stored_rank=outcome.ranks[1] if len(outcome.ranks) > 1 else None,
+                    )
+        return len(outcomes)
 
     async def _read_load(self, now: datetime) -> _Load:
         load = await self.store.level_load(
@@ -501,7 +387,7 @@ class Dispatcher:
         return True
 
     async def _rerank_after_lease(self, leased: Leased, now: datetime) -> None:
-        facts = self.jobs.get(leased.chunk.job_id)
+        facts = await self.job_facts(leased.chunk.job_id)
         if facts is None or not facts.chunk_lines:
             return
         facts.next_seq = max(facts.next_seq, leased.chunk.seq + 1)
@@ -534,10 +420,12 @@ class Dispatcher:
         """Size facts of a job (cached; read from the store for jobs another process planned)."""
         facts = self.jobs.get(job_id)
         if facts is None:
-            job = await self.store.get_job(job_id)
-            if job is None:
+            chunk_lines = await self.store.chunk_lines(job_id)
+            if not chunk_lines:
                 return None
-            facts = _JobFacts(total_lines=job.total_lines, chunk_lines=())
+            # Ranked afresh: the chunk now leased or finished tells where the job stands.
+            ranks = rank_chunks(chunk_lines, estimator=self.estimator)
+            facts = _JobFacts(total_lines=sum(chunk_lines), chunk_lines=chunk_lines, ranks=ranks)
             self.jobs[job_id] = facts
         return facts
 
@@ -948,9 +836,6 @@ __all__ = [
     "SCHEDULING_POLICIES",
     "Dispatcher",
     "DispatcherSettings",
-    "ForgePlanner",
-    "JobPlan",
-    "Planner",
     "SchedulingPolicy",
     "default_request",
     "install_signal_handlers",

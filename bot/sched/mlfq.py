@@ -5,10 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from bot.config import SchedulerSettings
 from bot.model import LEVELS, Level
 
+# fifo: one queue, one call per review; priority: levels, no time slicing; mlfq: this module.
+SchedulingPolicy = Literal["fifo", "priority", "mlfq"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fifo", "priority", "mlfq")
 # Level counts indexed by level number (P0..P3); a Mapping[Level, int] is accepted too.
 LevelCounts = Sequence[int] | Mapping[Level, int]
 

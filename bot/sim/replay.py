@@ -14,21 +14,24 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from bot.clock import EPOCH, VirtualClock
-from bot.config import DEFAULT_POLICY_DIR, Settings
-from bot.llm.base import LLMRequest, LLMResponse
+from bot.config import DEFAULT_POLICY_DIR, SchedulerSettings, Settings
+from bot.errors import ReviewBotError
+from bot.llm.base import LLMRequest
 from bot.llm.simulated import SimulatedBackend
-from bot.model import Job, Level, PolicyDecision
+from bot.model import Job, JobState, Level, PolicyDecision
+from bot.pipeline import build_pipeline
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import Leased, QueueSettings, QueueStore
-from bot.review.chunking import DEFAULT_LINE_BUDGET, plan_chunks_from_lines, plan_single_chunk
-from bot.sched.dispatcher import Dispatcher, DispatcherSettings, JobPlan, SchedulingPolicy
-from bot.sched.mlfq import MlfqSettings
+from bot.review.planner import PlanningSettings
+from bot.sched.dispatcher import DispatcherSettings, default_request
+from bot.sched.mlfq import MlfqSettings, SchedulingPolicy
+from bot.sim.forge import memory_forges
 from bot.sim.metrics import RequestOutcome, summarize
 from bot.sim.trace import Trace, TraceRequest, load_trace, to_review_request
 from bot.stats import profile_verdict, service_profile
@@ -45,30 +48,8 @@ COMPLETION, ARRIVAL, MAINTENANCE, RECHECK = 0, 1, 2, 3
 @dataclass(slots=True)
 class _Tracked:
     request: TraceRequest
-    level: Level
+    level: Level  # what the policy gave at intake
     job_id: int
-    ready_s: float
-    started_s: float | None = None
-    finished_s: float | None = None
-    waiting_on: set[str] = field(default_factory=set)
-
-
-class TracePlanner:
-    """Plans jobs from the trace's `file_lines` (what fetching the diff would tell)."""
-
-    def __init__(self, *, policy: SchedulingPolicy, line_budget: int) -> None:
-        self.policy = policy
-        self.line_budget = line_budget
-        self.by_job: dict[int, TraceRequest] = {}
-
-    async def plan(self, job: Job) -> JobPlan:
-        request = self.by_job[job.id]
-        if self.policy == "mlfq":
-            result = plan_chunks_from_lines(request.file_lines, line_budget=self.line_budget)
-            return JobPlan(chunks=result.chunks)
-        # fifo and priority: one call per review, in arrival order
-        single = plan_single_chunk(request.file_lines)
-        return JobPlan(chunks=single.chunks, rank=request.arrival_s)
 
 
 def _at(seconds: float) -> datetime:
@@ -116,7 +97,7 @@ async def replay_trace(
     policy: SchedulingPolicy,
     database_url: str,
     workers: int | None = None,
-    line_budget: int = DEFAULT_LINE_BUDGET,
+    planning: PlanningSettings | None = None,
     mlfq: MlfqSettings | None = None,
     policy_book: PolicyBook | None = None,
     collect: list[RequestOutcome] | None = None,
@@ -124,44 +105,31 @@ async def replay_trace(
 ) -> dict[str, Any]:
     """Replay `trace` against the (already migrated) database; returns the summary object.
 
-    `collect`, when given, receives every request's outcome (for plots); `record_eta` adds the
-    status ETA's accuracy (`eta`: the ETA given at enqueue against the actual finish).
+    The pipeline is `bot serve`'s (`build_pipeline`): the same planner, dispatcher and poster,
+    with a virtual clock, the simulated backend and an in-memory forge. `collect`, when given,
+    receives every request's outcome (for plots); `record_eta` adds the status ETA's accuracy
+    (`eta`: the ETA given at enqueue against the actual finish).
     """
     book = policy_book or load_policy_book(DEFAULT_POLICY_DIR)
     slots = workers or trace.header.workers
     clock = VirtualClock(EPOCH)
     store = QueueStore.from_url(database_url, settings=QueueSettings(notify=False), pool_size=2)
     backend = SimulatedBackend(overhead_s=trace.header.overhead_s)
-    planner = TracePlanner(policy=policy, line_budget=line_budget)
+    forges = memory_forges(clock)
     tracked: dict[str, _Tracked] = {}
     by_job: dict[int, _Tracked] = {}
-    dependents: dict[str, list[str]] = {}
 
     async def build_request(job: Job | None, leased: Leased) -> LLMRequest:
+        # The served request, plus the true cost the simulated backend charges (never the
+        # scheduler: it sees only the changed lines).
+        request = await default_request(job, leased)
         item = by_job[leased.chunk.job_id]
-        return LLMRequest(
-            messages=[{"role": "user", "content": ""}],
-            priority=int(leased.chunk.level),
-            metadata={
-                "job_id": leased.chunk.job_id,
-                "chunk_id": leased.chunk.id,
-                "lines": leased.chunk.lines,
-                "total_lines": item.request.total_lines,
-                "service_s": item.request.service_s,
-            },
-        )
-
-    async def job_completed(job_id: int, now: datetime) -> None:
-        await store.finish_job(job_id, now=now, review={"replay": True})
-        if eta is not None:
-            eta.finish(job_id, now)
-        item = by_job[job_id]
-        item.finished_s = _seconds(now)
-        for dependent_id in dependents.get(item.request.id, []):
-            dependent = tracked[dependent_id]
-            dependent.waiting_on.discard(item.request.id)
-            if not dependent.waiting_on:
-                dependent.ready_s = max(dependent.ready_s, item.finished_s)
+        metadata = {
+            **request.metadata,
+            "total_lines": item.request.total_lines,
+            "service_s": item.request.service_s,
+        }
+        return replace(request, metadata=metadata)
 
     # Running chunks: chunk id -> (completion event sequence, start, charged GPU seconds).
     running: dict[int, tuple[int, float, float]] = {}
@@ -178,22 +146,25 @@ async def replay_trace(
         waste["preemptions"] += 1
         waste["first_chunks"] += int(leased.chunk.seq == 0)
 
-    dispatcher = Dispatcher(
+    pipeline = build_pipeline(
         store,
-        backend,
-        planner=planner,
-        settings=DispatcherSettings(
+        forges=forges,
+        # fifo is one queue: intake puts every review on one level, and planning keeps it there
+        policies=None if policy == "fifo" else book,
+        backend=backend,
+        clock=clock,
+        dispatcher=DispatcherSettings(
             policy=policy,
             slots=slots,
             owner="replay",
             lease_s=86400.0,
-            mlfq=mlfq or MlfqSettings(),
+            mlfq=mlfq or MlfqSettings.from_scheduler_settings(SchedulerSettings()),
         ),
-        clock=clock,
+        planning=planning,
         build_request=build_request,
-        on_job_complete=job_completed,
         on_preempt=chunk_preempted,
     )
+    dispatcher = pipeline.dispatcher
     # -- the status ETA's accuracy (bot.status): what a review is promised when first shown --
     eta: EtaRecorder | None = None
     if record_eta:
@@ -229,30 +200,32 @@ async def replay_trace(
                 if kind == RECHECK:
                     recheck_due.discard(payload)
                 elif kind == ARRIVAL:
-                    context = (store, book, policy, now, tracked, by_job, dependents, planner)
-                    if await _submit(payload, *context):
+                    forges[payload.forge].add_request(payload)
+                    item = await _submit(payload, store, book, policy, now, tracked)
+                    if item is not None:
+                        by_job[item.job_id] = item
                         submitted += 1
                         arrived = True
                 elif event_sequence in dropped:
                     dropped.discard(event_sequence)
                 else:
-                    done, answer = payload
+                    done, review = payload
                     running.pop(done.chunk.id, None)
-                    await dispatcher.complete(done, answer, now)
+                    await dispatcher.complete_review(
+                        done, gpu_seconds=review.gpu_seconds, result=review.to_result(), now=now
+                    )
             if arrived:
-                await dispatcher.plan_pending(now)
+                while await dispatcher.plan_pending(now):
+                    pass
                 if eta is not None:
                     await eta.observe(now)
             for leased in await dispatcher.fill_slots(now):
-                item = by_job[leased.chunk.job_id]
-                if item.started_s is None:
-                    item.started_s = now_s
-                response: LLMResponse = await backend.complete(await build_request(None, leased))
+                review = await dispatcher.review(None, leased)
                 heapq.heappush(
                     events,
-                    (now_s + response.gpu_seconds, COMPLETION, sequence, (leased, response)),
+                    (now_s + review.gpu_seconds, COMPLETION, sequence, (leased, review)),
                 )
-                running[leased.chunk.id] = (sequence, now_s, response.gpu_seconds)
+                running[leased.chunk.id] = (sequence, now_s, review.gpu_seconds)
                 sequence += 1
             if dispatcher.recheck_at is not None:
                 recheck_s = _seconds(dispatcher.recheck_at)
@@ -260,31 +233,43 @@ async def replay_trace(
                     recheck_due.add(recheck_s)
                     heapq.heappush(events, (recheck_s, RECHECK, sequence, recheck_s))
                     sequence += 1
+        outcomes = [await _outcome(store, item) for item in tracked.values()]
     finally:
         await store.close()
-    outcomes = [
-        RequestOutcome(
-            request_id=item.request.id,
-            level=item.level,
-            arrival_s=item.request.arrival_s,
-            ready_s=item.ready_s,
-            started_s=item.started_s,
-            finished_s=item.finished_s,
-        )
-        for item in tracked.values()
-    ]
+    posted = sum(len(forge.posted) for forge in forges.values())
     if collect is not None:
         collect.extend(outcomes)
     result = summarize(
         outcomes, policy=policy, requests=submitted, gpu_s=backend.gpu_seconds, workers=slots
     )
+    result["posted"] = posted
     result["level_changes"] = dispatcher.level_changes
     result["preemptions"] = waste["preemptions"]
     result["preempted_first_chunks"] = waste["first_chunks"]
     result["wasted_gpu_s"] = round(waste["gpu_s"], 3)
     if eta is not None:
+        for item, outcome in zip(tracked.values(), outcomes, strict=True):
+            if outcome.finished_s is not None:
+                eta.finish(item.job_id, _at(outcome.finished_s))
         result["eta"] = eta.summary()
     return result
+
+
+async def _outcome(store: QueueStore, item: _Tracked) -> RequestOutcome:
+    """What the queue recorded of one request: ready, first call, review posted."""
+    job = await store.get_job(item.job_id)
+    if job is None:
+        raise ReviewBotError(f"job {item.job_id} of trace request {item.request.id} is gone")
+    ready = job.ready_at or job.enqueued_at
+    posted = job.finished_at if job.state == JobState.DONE else None
+    return RequestOutcome(
+        request_id=item.request.id,
+        level=item.level,
+        arrival_s=item.request.arrival_s,
+        ready_s=_seconds(ready),
+        started_s=None if job.first_started_at is None else _seconds(job.first_started_at),
+        finished_s=None if posted is None else _seconds(posted),
+    )
 
 
 async def _submit(
@@ -294,21 +279,17 @@ async def _submit(
     policy: SchedulingPolicy,
     now: datetime,
     tracked: dict[str, _Tracked],
-    by_job: dict[int, _Tracked],
-    dependents: dict[str, list[str]],
-    planner: TracePlanner,
-) -> bool:
-    """Normalize, evaluate and enqueue one trace request; False when intake would ignore it."""
+) -> _Tracked | None:
+    """Normalize, evaluate and enqueue one trace request; None when intake would ignore it."""
     review_request = to_review_request(request)
     if review_request is None:
-        return False
+        return None
     decision = evaluate(book.policy_for(review_request.repo), review_request)
     if not decision.review:
-        return False
+        return None
     intake_level = decision.level
     if policy == "fifo":
         decision = PolicyDecision(level=Level.P1, reasons=("fifo replay: one queue",))
-    live = [d for d in request.depends_on if d in tracked and tracked[d].finished_s is None]
     result = await store.submit_request(
         review_request,
         decision,
@@ -318,24 +299,10 @@ async def _submit(
         depends_on=[tracked[d].job_id for d in request.depends_on if d in tracked],
     )
     if result.job_id is None or not result.created:
-        return False
-    ready_s = request.arrival_s
-    for dependency in request.depends_on:
-        if dependency in tracked and tracked[dependency].finished_s is not None:
-            ready_s = max(ready_s, tracked[dependency].finished_s or 0.0)
-    item = _Tracked(
-        request=request,
-        level=intake_level,
-        job_id=result.job_id,
-        ready_s=ready_s,
-        waiting_on=set(live),
-    )
-    for dependency in live:
-        dependents.setdefault(dependency, []).append(request.id)
+        return None
+    item = _Tracked(request=request, level=intake_level, job_id=result.job_id)
     tracked[request.id] = item
-    by_job[result.job_id] = item
-    planner.by_job[result.job_id] = request
-    return True
+    return item
 
 
 def run_simulation(
@@ -345,7 +312,7 @@ def run_simulation(
     database_url: str,
     *,
     keep: bool = False,
-    line_budget: int = DEFAULT_LINE_BUDGET,
+    planning: PlanningSettings | None = None,
     mlfq: MlfqSettings | None = None,
     record_eta: bool = False,
 ) -> dict[str, Any]:
@@ -358,7 +325,7 @@ def run_simulation(
             workers=workers,
             database_url=database_url,
             keep=keep,
-            line_budget=line_budget,
+            planning=planning,
             mlfq=mlfq,
             record_eta=record_eta,
         )
@@ -372,7 +339,7 @@ async def simulate(
     workers: int | None,
     database_url: str,
     keep: bool = False,
-    line_budget: int = DEFAULT_LINE_BUDGET,
+    planning: PlanningSettings | None = None,
     mlfq: MlfqSettings | None = None,
     collect: list[RequestOutcome] | None = None,
     record_eta: bool = False,
@@ -385,7 +352,7 @@ async def simulate(
             policy=policy,
             database_url=url,
             workers=workers,
-            line_budget=line_budget,
+            planning=planning,
             mlfq=mlfq,
             collect=collect,
             record_eta=record_eta,
@@ -462,7 +429,6 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 __all__ = [
-    "TracePlanner",
     "render_text",
     "replay_trace",
     "run_simulation",

@@ -1,0 +1,85 @@
+"""`bot serve`, `bot simulate` and the demo build one pipeline, through one factory."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from bot.clock import VirtualClock
+from bot.llm.simulated import SimulatedBackend
+from bot.pipeline import build_pipeline
+from bot.queue.store import QueueStore
+from bot.review.planner import ONE_CALL_BUDGET, PlanningSettings
+from bot.sched.dispatcher import DispatcherSettings
+from bot.sim.forge import memory_forges
+
+BOT = Path(__file__).resolve().parents[1] / "bot"
+# What only the factory may build: the dispatcher and the forge side of planning and posting.
+BUILT_BY_THE_FACTORY = {"Dispatcher", "ReviewPipeline"}
+# The entry points that run a pipeline: serve, the replay behind `bot simulate`, the demo.
+ENTRY_POINTS = ("serve.py", "sim/replay.py", "demo.py")
+
+
+def _calls(path: Path) -> list[str]:
+    """Names of everything called in a module (`f(...)` and `module.f(...)`)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name):
+                names.append(node.func.id)
+            elif isinstance(node.func, ast.Attribute):
+                names.append(node.func.attr)
+    return names
+
+
+def test_only_the_factory_builds_a_dispatcher_or_a_review_pipeline() -> None:
+    builders = {
+        str(path.relative_to(BOT)): sorted(BUILT_BY_THE_FACTORY & set(_calls(path)))
+        for path in BOT.rglob("*.py")
+    }
+    assert {name: built for name, built in builders.items() if built} == {
+        "pipeline.py": ["Dispatcher", "ReviewPipeline"]
+    }
+
+
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_serve_simulate_and_the_demo_build_through_the_factory(entry_point: str) -> None:
+    assert "build_pipeline" in _calls(BOT / entry_point)
+
+
+async def test_the_factory_wires_planning_and_posting_into_the_dispatcher(
+    store: QueueStore,
+) -> None:
+    clock = VirtualClock()
+    pipeline = build_pipeline(
+        store,
+        forges=memory_forges(clock),
+        policies=None,
+        backend=SimulatedBackend(),
+        clock=clock,
+        dispatcher=DispatcherSettings(policy="mlfq"),
+    )
+    assert pipeline.dispatcher.plan_jobs == pipeline.reviews.plan_jobs
+    assert pipeline.dispatcher.on_job_complete == pipeline.reviews.job_completed
+    assert pipeline.reviews.planning == pipeline.planning
+    assert pipeline.planning.time_slicing
+
+
+async def test_without_time_slicing_a_review_is_one_call(store: QueueStore) -> None:
+    clock = VirtualClock()
+    chunked = PlanningSettings(line_budget=300, first_budget=50)
+    for policy in ("fifo", "priority"):
+        pipeline = build_pipeline(
+            store,
+            forges=memory_forges(clock),
+            policies=None,
+            backend=SimulatedBackend(),
+            clock=clock,
+            dispatcher=DispatcherSettings(policy=policy),
+            planning=chunked,
+        )
+        assert pipeline.planning.line_budget == ONE_CALL_BUDGET
+        assert pipeline.planning.first_budget is None
+        assert not pipeline.planning.time_slicing
