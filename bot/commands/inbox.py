@@ -205,15 +205,18 @@ class CommandInbox:
         tries: int,
         retry_at: datetime,
         error: str,
+        reply_id: int | None = None,
     ) -> bool:
-        """Give the delivery back with what is still unsent, to be claimed again at
-        `retry_at`; False when another worker took it over."""
-        deferred = {
+        """Give the delivery back with what is still unsent (and the reply, once posted), to
+        be claimed again at `retry_at`; False when another worker took it over."""
+        deferred: dict[str, Any] = {
             "outbox": list(outbox),
             "outbox_tries": tries,
             "retry_at": retry_at.isoformat(),
             "outbox_error": error,
         }
+        if reply_id is not None:
+            deferred["reply_id"] = reply_id
         return await self._update_held(
             DEFER_OUTBOX,
             {"id": delivery.id, "owner": owner, "deferred": json.dumps(deferred)},

@@ -168,6 +168,7 @@ async def run_outbox_pass(
         tries=decision.tries,
         retry_at=now + timedelta(seconds=decision.delay_s),
         error=str(sent.error)[:500],
+        reply_id=reply_id,
     )
     if not deferred:
         return OutboxPass("taken_over", reply_id)
