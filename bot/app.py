@@ -15,6 +15,7 @@ from bot.forges.base import ForgeClient
 from bot.intake.app import IntakeConfig, setup_intake
 from bot.obs.alerts import setup_alerts
 from bot.obs.dashboard import setup_admin
+from bot.obs.liveness import stale_after
 from bot.obs.metrics import Metrics, setup_metrics
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueStore
@@ -65,18 +66,31 @@ def create_app(
             insecure_dev=settings.insecure_dev,
             bot_login=settings.bot_login,
             max_body_bytes=settings.max_body_bytes,
+            dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
         ),
     )
-    metrics = setup_metrics(app, engine=store.engine, clock=used_clock, metrics=metrics)
+    metrics = setup_metrics(
+        app,
+        engine=store.engine,
+        clock=used_clock,
+        metrics=metrics,
+        dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
+    )
     setup_admin(
         app,
         admin_token=settings.admin_token,
         engine=store.engine,
         clock=used_clock,
         thresholds=settings.alerts.threshold_s,
+        dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
     )
     setup_alerts(
-        app, engine=store.engine, settings=settings.alerts, clock=used_clock, metrics=metrics
+        app,
+        engine=store.engine,
+        settings=settings.alerts,
+        clock=used_clock,
+        metrics=metrics,
+        dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
     )
     if forges:
         # Slash commands run off the webhook path, in a worker started with the app.

@@ -30,6 +30,7 @@ from bot.obs.alerts import (
 )
 from bot.obs.metrics import Metrics
 from bot.queue.store import QueueStore
+from bot.sched.presence import Presence
 from tests.factories import decide, make_request, plans
 
 THRESHOLDS = {Level.P0: 10.0, Level.P1: 60.0, Level.P2: 300.0}
@@ -162,6 +163,12 @@ async def test_alert_fires_while_waiting_exactly_once_across_two_loops(
     assert sum(_alerts_counted(m, "P1") for m in metrics) == 1
 
 
+async def _dispatcher_alive(store: QueueStore, clock: VirtualClock) -> None:
+    """A dispatcher's heartbeat at the clock's now (fresh for three heartbeats)."""
+    presence = Presence(store.engine, name="d1", slots=2, engines=lambda: [], running=lambda: 0)
+    await presence.beat(now=clock.now())
+
+
 class Receiver:
     """A loopback Slack-compatible webhook that records what it is sent."""
 
@@ -195,6 +202,7 @@ async def test_webhook_posts_batched_and_rate_limited(
     receiver: tuple[Receiver, str],
 ) -> None:
     hook, url = receiver
+    await _dispatcher_alive(store, clock)  # these posts are about waits, not a missing dispatcher
     settings = AlertSettings(threshold_s=THRESHOLDS, webhook_url=url, min_interval_s=30.0)
     metrics = Metrics()
     async with aiohttp.ClientSession() as session:
@@ -235,6 +243,7 @@ async def test_alert_loop_runs_as_cleanup_ctx(
     store: QueueStore, clock: VirtualClock, db_url: str, receiver: tuple[Receiver, str]
 ) -> None:
     hook, url = receiver
+    await _dispatcher_alive(store, clock)
     job_id = await _submit(store, 20, Level.P0, clock)
     clock.advance(30)
     engine = create_engine(db_url, pool_size=2)

@@ -13,7 +13,7 @@ from aiohttp.http_exceptions import DecompressSizeError, HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from bot.clock import Clock
-from bot.errors import StoreUnavailable, WebhookError
+from bot.errors import StoreError, StoreUnavailable, WebhookError
 from bot.intake.normalize import (
     Closed,
     Commands,
@@ -27,6 +27,7 @@ from bot.intake.shape import check_shape
 from bot.intake.verify import Delivery, verify_github_delivery, verify_gitlab_delivery
 from bot.logsafe import escaped
 from bot.model import Forge, ReviewRequest
+from bot.obs.liveness import read_liveness, stale_after
 from bot.policy import PolicyBook, evaluate
 from bot.queue.store import QueueStore
 
@@ -47,6 +48,7 @@ class IntakeConfig:
     insecure_dev: bool
     bot_login: str
     max_body_bytes: int
+    dispatcher_stale_s: float = stale_after(30.0)
 
     def mode(self, forge: Forge) -> SignatureMode:
         """How deliveries of a forge are checked: verified, accepted unsigned, or refused."""
@@ -85,7 +87,20 @@ async def handle_health(request: web.Request) -> web.Response:
     except StoreUnavailable as exc:
         log.warning("health check failed: %s", exc, extra={"action": "health_failed"})
         return web.json_response({"status": "unavailable", "reason": str(exc)}, status=503)
-    return web.json_response({"status": "ok"})
+    # Webhooks are taken whatever the dispatchers do, so their absence is said, not a 503 that
+    # would make an orchestrator restart a healthy web process.
+    body: dict[str, Any] = {"status": "ok"}
+    try:
+        liveness = await read_liveness(
+            config.store.engine, now=config.clock.now(), stale_after_s=config.dispatcher_stale_s
+        )
+    except StoreError as exc:
+        body["liveness_error"] = str(exc)
+    else:
+        body.update(liveness.to_dict())
+        if liveness.dispatchers == 0:
+            body["warning"] = "no dispatcher is alive: reviews wait until one starts"
+    return web.json_response(body)
 
 
 async def _handle_delivery(request: web.Request, forge: Forge) -> web.Response:

@@ -24,13 +24,15 @@ from bot.errors import StoreError, StoreUnavailable
 from bot.logsafe import escaped
 from bot.model import Level
 from bot.obs import monitoring_sql as sql
-from bot.obs.metrics import Metrics
+from bot.obs.liveness import no_dispatcher_message, read_liveness, stale_after
+from bot.obs.metrics import Metrics, read_queue_snapshot
 from bot.outage import OutageWatch
 
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 500
 MAX_LINES_PER_POST = 20
+NO_DISPATCHER = "no_dispatcher"  # kind of the service alert: work waits, nobody takes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,15 +101,20 @@ def webhook_due(*, last_sent_at: datetime | None, now: datetime, min_interval_s:
 
 
 def render_webhook_payload(
-    alerts: Sequence[Alert], *, max_lines: int = MAX_LINES_PER_POST
+    alerts: Sequence[Alert],
+    *,
+    notes: Sequence[str] = (),
+    max_lines: int = MAX_LINES_PER_POST,
 ) -> dict[str, str]:
-    """A Slack-compatible message batching `alerts`, the worst wait first."""
-    ordered = sorted(alerts, key=lambda alert: (int(alert.level), -alert.waited_s))
-    head = f"review-bot: {len(alerts)} review(s) waiting past their threshold"
-    lines = [f"• {alert.message}" for alert in ordered[:max_lines]]
-    if len(ordered) > max_lines:
-        lines.append(f"… and {len(ordered) - max_lines} more")
-    return {"text": "\n".join([head, *lines])}
+    """A Slack-compatible message: service notes first, then `alerts`, the worst wait first."""
+    lines = [f"review-bot: {note}" for note in notes]
+    if alerts:
+        ordered = sorted(alerts, key=lambda alert: (int(alert.level), -alert.waited_s))
+        lines.append(f"review-bot: {len(alerts)} review(s) waiting past their threshold")
+        lines.extend(f"• {alert.message}" for alert in ordered[:max_lines])
+        if len(ordered) > max_lines:
+            lines.append(f"… and {len(ordered) - max_lines} more")
+    return {"text": "\n".join(lines)}
 
 
 @dataclass(slots=True)
@@ -121,6 +128,8 @@ class AlertMonitor:
     limit: int = 500
     pending: list[Alert] = field(default_factory=list)
     last_sent_at: datetime | None = None
+    dispatcher_stale_s: float = stale_after(30.0)
+    notes: list[str] = field(default_factory=list)  # service alerts not posted yet
 
     async def check(self, *, now: datetime) -> list[Alert]:
         """Raise the alerts due at `now`; returns those this process recorded."""
@@ -180,21 +189,62 @@ class AlertMonitor:
             self.pending = (self.pending + fired)[-MAX_PENDING:]
         return fired
 
+    async def check_dispatchers(self, *, now: datetime) -> str | None:
+        """Alert once per outage when work waits and no dispatcher is alive; close the alert
+        when one is back. Returns the message this process recorded, if any."""
+        queue = await read_queue_snapshot(self.engine, now=now)
+        liveness = await read_liveness(self.engine, now=now, stale_after_s=self.dispatcher_stale_s)
+        grace_s = min(self.settings.threshold_s.values(), default=60.0)
+        message = no_dispatcher_message(
+            liveness,
+            waiting_jobs=sum(queue.waiting.values()),
+            oldest_wait_s=max(queue.oldest_wait_s.values(), default=0.0),
+            grace_s=grace_s,
+        )
+        parameters = {"kind": NO_DISPATCHER, "now": now}
+        if message is None:
+            if liveness.dispatchers and await sql.write_rows(
+                self.engine, sql.RESOLVE_OPERATIONAL_ALERT, parameters
+            ):
+                note = f"a dispatcher is alive again ({liveness.dispatchers} now)"
+                log.info("%s", note, extra={"action": "no_dispatcher_resolved"})
+                self._note(note)
+            return None
+        opened = await sql.write_rows(
+            self.engine, sql.OPEN_OPERATIONAL_ALERT, {**parameters, "message": message}
+        )
+        if not opened:
+            return None  # this outage was already reported, here or by another process
+        log.warning(
+            "service alert: %s",
+            message,
+            extra={"action": "no_dispatcher_alert", "dispatchers_alive": 0},
+        )
+        if self.metrics is not None:
+            self.metrics.count_service_alert(NO_DISPATCHER)
+        self._note(message)
+        return message
+
+    def _note(self, note: str) -> None:
+        if self.settings.webhook_url:
+            self.notes = [*self.notes, note][-MAX_PENDING:]
+
     async def flush(self, *, now: datetime) -> bool:
         """Post the pending alerts as one message if the rate limit allows; True if sent."""
         url = self.settings.webhook_url
-        if not url or not self.pending or self.session is None:
+        if not url or not (self.pending or self.notes) or self.session is None:
             return False
         if not webhook_due(
             last_sent_at=self.last_sent_at, now=now, min_interval_s=self.settings.min_interval_s
         ):
             return False
         batch = list(self.pending)
+        notes = list(self.notes)
         self.last_sent_at = now  # a failed post also waits out the interval: no hammering
         try:
             async with self.session.post(
                 url,
-                json=render_webhook_payload(batch),
+                json=render_webhook_payload(batch, notes=notes),
                 timeout=aiohttp.ClientTimeout(total=10),
             ) as response:
                 if response.status >= 300:
@@ -212,6 +262,7 @@ class AlertMonitor:
                 self.metrics.count_alert_post("failed")
             return False
         self.pending = self.pending[len(batch) :]
+        self.notes = self.notes[len(notes) :]
         if self.metrics is not None:
             self.metrics.count_alert_post("sent")
         log.info("alert webhook: posted %d alerts", len(batch), extra={"action": "alert_post_sent"})
@@ -220,6 +271,7 @@ class AlertMonitor:
     async def run_once(self, *, now: datetime) -> list[Alert]:
         """One round: raise due alerts, then post what the rate limit allows."""
         fired = await self.check(now=now)
+        await self.check_dispatchers(now=now)
         await self.flush(now=now)
         return fired
 
@@ -256,12 +308,19 @@ def alert_context(
     clock: Clock,
     metrics: Metrics | None = None,
     interval_s: float = 2.0,
+    dispatcher_stale_s: float = stale_after(30.0),
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A cleanup_ctx that runs the alert loop for the app's lifetime."""
 
     async def alerts_running(app: web.Application) -> AsyncIterator[None]:
         session = aiohttp.ClientSession() if settings.webhook_url else None
-        monitor = AlertMonitor(engine=engine, settings=settings, metrics=metrics, session=session)
+        monitor = AlertMonitor(
+            engine=engine,
+            settings=settings,
+            metrics=metrics,
+            session=session,
+            dispatcher_stale_s=dispatcher_stale_s,
+        )
         app[ALERT_MONITOR_KEY] = monitor
         task = asyncio.create_task(
             run_alert_loop(monitor, clock=clock, interval_s=interval_s), name="alert-loop"
@@ -286,6 +345,7 @@ def setup_alerts(
     clock: Clock | None = None,
     metrics: Metrics | None = None,
     interval_s: float = 2.0,
+    dispatcher_stale_s: float = stale_after(30.0),
 ) -> None:
     """Run the alert loop while the app runs."""
     app.cleanup_ctx.append(
@@ -295,6 +355,7 @@ def setup_alerts(
             clock=clock or SystemClock(),
             metrics=metrics,
             interval_s=interval_s,
+            dispatcher_stale_s=dispatcher_stale_s,
         )
     )
 

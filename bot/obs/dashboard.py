@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.clock import Clock
 from bot.model import LEVELS, Level
 from bot.obs import monitoring_sql as sql
+from bot.obs.liveness import Liveness, read_liveness, stale_after
 from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
 from bot.stats import percentile
 
@@ -93,6 +94,7 @@ class DashboardView:
     waits: Sequence[WaitPoint]
     alerts: Sequence[Mapping[str, Any]] = field(default_factory=list)
     thresholds: Mapping[Level, float] = field(default_factory=dict)
+    liveness: Liveness | None = None
 
 
 async def read_dashboard(
@@ -101,10 +103,12 @@ async def read_dashboard(
     now: datetime,
     hours: float,
     thresholds: Mapping[Level, float],
+    dispatcher_stale_s: float = stale_after(30.0),
 ) -> DashboardView:
     """Read the page's data; raises StoreUnavailable or StoreError."""
     since = now - timedelta(hours=hours)
     queue = await read_queue_snapshot(engine, now=now)
+    liveness = await read_liveness(engine, now=now, stale_after_s=dispatcher_stale_s)
     rows = await sql.fetch_rows(engine, sql.SELECT_STARTED_WAITS, {"since": since, "until": now})
     alerts = await sql.fetch_rows(engine, sql.SELECT_RECENT_ALERTS, {"limit": 20})
     waits = [
@@ -120,6 +124,7 @@ async def read_dashboard(
         waits=waits,
         alerts=[dict(row._mapping) for row in alerts],
         thresholds=thresholds,
+        liveness=liveness,
     )
 
 
@@ -332,6 +337,19 @@ def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
     return "".join(rows)
 
 
+def _liveness_line(liveness: Liveness | None) -> str:
+    """Who does the work: live dispatchers and engines, loud when there are none."""
+    if liveness is None:
+        return ""
+    text = (
+        f"dispatchers alive: <b>{liveness.dispatchers}</b> &middot; engines in rotation: "
+        f"<b>{liveness.engines}</b> of {liveness.engines_known}"
+    )
+    if liveness.dispatchers == 0:
+        return f'<p id="liveness" class="alarm">{text}: no dispatcher takes work</p>'
+    return f'<p id="liveness">{text}</p>'
+
+
 def render_dashboard(view: DashboardView) -> str:
     """The whole page as one HTML document."""
     queue = view.queue
@@ -378,13 +396,14 @@ h1 {{ font-size: 20px; margin: 0 0 4px; }} h2 {{ font-size: 16px; margin: 18px 0
 table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ddd; padding: 3px 8px; }}
 th {{ background: #f3f3f3; text-align: left; }} .row {{ display: flex; gap: 24px; }}
 .key {{ margin-right: 12px; }} .key i {{ display: inline-block; width: 10px; height: 10px;
-  margin-right: 4px; }} .muted {{ color: #777; }}
+  margin-right: 4px; }} .muted {{ color: #777; }} .alarm {{ color: #b00; font-weight: bold; }}
 </style></head>
 <body>
 <h1>review-bot queue</h1>
 <p class="muted">as of {_e(stamp)}; charts cover the last {window}
 ({len(view.waits)} jobs started). {_legend()}</p>
 <h2>Queue now</h2>
+{_liveness_line(view.liveness)}
 <div class="row"><div>{queue_chart}</div><div>
 <table id="queue-now"><tr><th></th>{header}</tr>
 <tr><th>waiting jobs</th>{waiting}</tr><tr><th>ready chunks</th>{ready}</tr>
@@ -415,6 +434,7 @@ class AdminConfig:
     clock: Clock
     admin_token: str | None
     thresholds: Mapping[Level, float]
+    dispatcher_stale_s: float = stale_after(30.0)
 
 
 ADMIN_KEY = web.AppKey("admin_config", AdminConfig)
@@ -477,6 +497,7 @@ async def handle_admin(request: web.Request) -> web.StreamResponse:
         now=config.clock.now(),
         hours=_hours(request.query.get("hours")),
         thresholds=config.thresholds,
+        dispatcher_stale_s=config.dispatcher_stale_s,
     )
     return web.Response(text=render_dashboard(view), content_type="text/html", headers=_HEADERS)
 
@@ -488,12 +509,14 @@ def setup_admin(
     engine: AsyncEngine,
     clock: Clock,
     thresholds: Mapping[Level, float] | None = None,
+    dispatcher_stale_s: float = stale_after(30.0),
 ) -> None:
     """Add `GET /admin`, reading the queue through `engine`."""
     app[ADMIN_KEY] = AdminConfig(
         engine=engine,
         clock=clock,
         admin_token=admin_token or None,
+        dispatcher_stale_s=dispatcher_stale_s,
         thresholds=dict(
             thresholds
             if thresholds is not None

@@ -29,6 +29,7 @@ from bot.clock import Clock
 from bot.errors import StoreError
 from bot.model import LEVELS, Level
 from bot.obs import monitoring_sql as sql
+from bot.obs.liveness import read_liveness, stale_after
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +205,22 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+        self.dispatchers_alive = Gauge(
+            "review_bot_dispatchers_alive",
+            "Dispatcher processes whose heartbeat is fresh (three heartbeats at most)",
+            registry=r,
+        )
+        self.engines_alive = Gauge(
+            "review_bot_engines_alive",
+            "Engines (LLM servers) in rotation at some live dispatcher, each counted once",
+            registry=r,
+        )
+        self.service_alerts = Counter(
+            "review_bot_service_alerts",
+            "Alerts about the service itself, per kind (no_dispatcher: work waits, none alive)",
+            ["kind"],
+            registry=r,
+        )
         self.scrape_errors = Counter(
             "review_bot_metrics_scrape_errors",
             "Scrapes that could not read the queue from the database",
@@ -271,6 +288,9 @@ class Metrics:
     def count_alert(self, level: Level | int) -> None:
         self.alerts.labels(level_label(level)).inc()
 
+    def count_service_alert(self, kind: str) -> None:
+        self.service_alerts.labels(kind).inc()
+
     def count_alert_post(self, outcome: str) -> None:
         self.alert_posts.labels(outcome).inc()
 
@@ -297,6 +317,7 @@ class MetricsConfig:
     metrics: Metrics
     engine: AsyncEngine
     clock: Clock
+    dispatcher_stale_s: float = stale_after(30.0)
 
 
 METRICS_KEY = web.AppKey("metrics", Metrics)
@@ -329,14 +350,20 @@ async def _count_webhook_response(request: web.Request, response: web.StreamResp
 async def handle_metrics(request: web.Request) -> web.Response:
     """Refresh the queue gauges from the database, then expose every metric."""
     config = request.app[METRICS_CONFIG_KEY]
+    now = config.clock.now()
     try:
-        snapshot = await read_queue_snapshot(config.engine, now=config.clock.now())
+        snapshot = await read_queue_snapshot(config.engine, now=now)
+        liveness = await read_liveness(
+            config.engine, now=now, stale_after_s=config.dispatcher_stale_s
+        )
     except StoreError as exc:
-        # Serve the counters anyway; the queue gauges keep their last values.
+        # Serve the counters anyway; the queue and liveness gauges keep their last values.
         config.metrics.scrape_errors.inc()
         log.warning("metrics: queue not readable: %s", exc, extra={"action": "metrics_stale"})
     else:
         config.metrics.show_queue(snapshot)
+        config.metrics.dispatchers_alive.set(liveness.dispatchers)
+        config.metrics.engines_alive.set(liveness.engines)
     return web.Response(body=config.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -347,14 +374,16 @@ def setup_metrics(
     clock: Clock,
     metrics: Metrics | None = None,
     count_webhooks: bool = True,
+    dispatcher_stale_s: float = stale_after(30.0),
 ) -> Metrics:
-    """Add `GET /metrics`, reading the queue through `engine`."""
+    """Add `GET /metrics`, reading the queue and the dispatchers' heartbeats through `engine`."""
     used = metrics if metrics is not None else Metrics()
     app[METRICS_KEY] = used
     app[METRICS_CONFIG_KEY] = MetricsConfig(
         metrics=used,
         engine=engine,
         clock=clock,
+        dispatcher_stale_s=dispatcher_stale_s,
     )
     app.router.add_get("/metrics", handle_metrics)
     if count_webhooks:

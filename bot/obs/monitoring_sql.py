@@ -89,6 +89,58 @@ SELECT_STARTED_WAITS = _sql(
 )
 
 
+# A dispatcher's heartbeat: its row, created on the first beat, refreshed on every other.
+UPSERT_DISPATCHER = _sql(
+    """
+    INSERT INTO dispatchers (name, host, pid, started_at, last_seen, stopped_at, slots, running,
+                             engines)
+    VALUES (:name, :host, :pid, :started_at, :now, NULL, :slots, :running,
+            CAST(:engines AS jsonb))
+    ON CONFLICT (name) DO UPDATE
+    SET last_seen = EXCLUDED.last_seen, stopped_at = NULL, slots = EXCLUDED.slots,
+        running = EXCLUDED.running, engines = EXCLUDED.engines
+    RETURNING name
+    """
+)
+
+# A dispatcher that stops cleanly says so, rather than going stale.
+MARK_DISPATCHER_STOPPED = _sql(
+    """
+    UPDATE dispatchers SET stopped_at = :now, last_seen = :now, running = 0
+    WHERE name = :name RETURNING name
+    """
+)
+
+# Rows of processes long gone (each restart is a new name).
+PRUNE_DISPATCHERS = _sql("DELETE FROM dispatchers WHERE last_seen < :before RETURNING name")
+
+# Dispatchers heard from since `since`, alive or not (the caller judges which are alive).
+SELECT_DISPATCHERS = _sql(
+    """
+    SELECT name, host, pid, started_at, last_seen, stopped_at, slots, running, engines
+    FROM dispatchers WHERE last_seen >= :since ORDER BY name
+    """
+)
+
+# Open an operational alert once per outage across every process; no row: already open.
+OPEN_OPERATIONAL_ALERT = _sql(
+    """
+    INSERT INTO operational_alerts (kind, fired_at, message) VALUES (:kind, :now, :message)
+    ON CONFLICT (kind) WHERE resolved_at IS NULL DO NOTHING
+    RETURNING id
+    """
+)
+
+# The outage is over: close its alert (a row back means this process saw the recovery first).
+RESOLVE_OPERATIONAL_ALERT = _sql(
+    """
+    UPDATE operational_alerts SET resolved_at = :now
+    WHERE kind = :kind AND resolved_at IS NULL
+    RETURNING id
+    """
+)
+
+
 async def fetch_rows(
     engine: AsyncEngine, statement: TextClause, params: Mapping[str, Any] | None = None
 ) -> list[Row[Any]]:

@@ -277,3 +277,37 @@ status_reports = Table(
     CheckConstraint("kind IN ('check_run', 'commit_status')", name="kind"),
     Index("ix_status_reports_open", "job_id", postgresql_where=text("state <> 'completed'")),
 )
+
+# Created by migration 0013: one row per dispatcher process, refreshed every heartbeat.
+dispatchers = Table(
+    "dispatchers",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("host", Text, nullable=False, server_default=""),
+    Column("pid", Integer, nullable=False, server_default="0"),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("last_seen", DateTime(timezone=True), nullable=False),
+    Column("stopped_at", DateTime(timezone=True)),
+    Column("slots", Integer, nullable=False, server_default="0"),
+    Column("running", Integer, nullable=False, server_default="0"),
+    # [{"name": base URL or engine name, "alive": in rotation}, ...]
+    Column("engines", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Index("ix_dispatchers_last_seen", "last_seen"),
+)
+
+# Created by migration 0013: alerts about the service itself, at most one open per kind.
+operational_alerts = Table(
+    "operational_alerts",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("kind", Text, nullable=False),
+    Column("fired_at", DateTime(timezone=True), nullable=False),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("message", Text, nullable=False),
+    Index(
+        "ix_operational_alerts_open",
+        "kind",
+        unique=True,
+        postgresql_where=text("resolved_at IS NULL"),
+    ),
+)

@@ -34,6 +34,7 @@ from bot.sched.mlfq import (
     expected_chunk_s,
     rank_chunks,
 )
+from bot.sched.presence import Presence, backend_engines, keep_present
 
 log = logging.getLogger(__name__)
 
@@ -687,6 +688,16 @@ class Dispatcher:
             instructions=self.instructions,
         )
 
+    def presence(self) -> Presence:
+        """This dispatcher's row in `dispatchers`: its slots, running chunks and engines."""
+        return Presence(
+            self.store.engine,
+            name=self.settings.owner,
+            slots=self.settings.slots,
+            engines=lambda: backend_engines(self.backend),
+            running=lambda: len(self.held),
+        )
+
     async def _heartbeat_loop(self, outage: OutageWatch) -> None:
         """Renew this process's leases and take back other processes' expired ones, every
         heartbeat: a dead dispatcher's chunks run again within about one lease."""
@@ -779,6 +790,9 @@ class Dispatcher:
             f"dispatcher {self.settings.owner}", base_s=self.settings.outage_backoff_s
         )
         heartbeat = asyncio.create_task(self._heartbeat_loop(outage))
+        present = asyncio.create_task(
+            keep_present(self.presence(), clock=self.clock, interval_s=self.settings.heartbeat_s)
+        )
         self._next_maintenance = 0.0
         loop = asyncio.get_running_loop()
         try:
@@ -814,8 +828,11 @@ class Dispatcher:
                 )
         finally:
             heartbeat.cancel()
+            present.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            with contextlib.suppress(asyncio.CancelledError):
+                await present
             if listener is not None and not listener.is_closed():
                 await listener.close()
 
