@@ -21,7 +21,7 @@ from bot.forges.emulator import (
     build_gitlab_merge_request_event,
     send_webhook,
 )
-from bot.forges.emulator_quiet import open_pull_from_trees, push_tree
+from bot.forges.emulator_quiet import open_pull_from_trees, push_tree, set_default_file
 from bot.forges.registry import ForgeRegistry
 from bot.llm.simulated import SimulatedBackend
 from bot.model import FileChange, Job, JobState, Level
@@ -348,3 +348,64 @@ async def test_pushes_are_reviewed_incrementally_and_a_force_push_in_full_with_i
     assert "full review: history was rewritten" in summary["body"]
     assert inline_bodies(emulator, pull) == [smell]
     assert summary_edits(emulator, pull) == 4
+
+
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
+async def test_repository_settings_shape_the_review_and_a_broken_file_is_named_once(
+    bot: QuietBot, emulator: ForgeEmulator, store: QueueStore, forge: str
+) -> None:
+    repo = "acme/shop" if forge == "github" else "acme/platform/api"
+    state = emulator.state
+    settings = (
+        "inline:\n  min_severity: major\npaths:\n  exclude: ['docs/**']\n"
+        "instructions:\n  - path: 'app/**'\n    text: 'Prefer the logger.'\n"
+    )
+    set_default_file(state, repo, ".review-bot.yaml", settings)
+    head = {
+        **BASE_TREE,
+        "app/core.py": "def core(value):\n    print(value)\n    return eval(value)\n",
+        "docs/guide.md": "Use `eval` freely.\n",
+    }
+    pull = open_pull_from_trees(state, forge, repo, 11, base=BASE_TREE, head=head)  # type: ignore[arg-type]
+    first = await bot.send(pull, action="opened")
+    await bot.review()
+
+    # The debug print (info) is below the repository's floor: summary only; docs are excluded.
+    [said] = inline_bodies(emulator, pull)
+    assert "unsafe" in said
+    assert await chunk_paths(store, first) == {"app/core.py"}
+    job = await store.get_job(first)
+    assert job is not None and job.request["instructions"] == [
+        {"path": "app/**", "text": "Prefer the logger."}
+    ]
+    [summary] = summaries(emulator, pull)
+    assert (
+        "Debug output left in" in summary["body"] and "summary only: below major" in summary["body"]
+    )
+    assert "`docs/guide.md`: excluded by .review-bot.yaml" in summary["body"]
+
+    # A broken file: the server's defaults apply and the summary names file:line, once.
+    set_default_file(state, repo, ".review-bot.yaml", "inline:\n  min_severity: loud\n")
+    tree = {**head, "app/core.py": head["app/core.py"] + "# TODO tidy\n"}
+    before = pull.newest.head_sha
+    push_tree(state, forge, repo, 11, tree)  # type: ignore[arg-type]
+    await bot.send(pull, action="synchronize", before=before)
+    await bot.review()
+    [summary] = summaries(emulator, pull)
+    assert ".review-bot.yaml:2: inline.min_severity must be one of" in summary["body"]
+    assert "the server's defaults apply" in summary["body"]
+    bodies = [
+        str(item.get("body")) for item in (pull.comments if forge == "github" else pull.notes)
+    ]
+    assert sum(".review-bot.yaml:2" in body for body in bodies) == 1
+    assert any("TODO" in body for body in inline_bodies(emulator, pull))  # minor: inline again
+
+    # Automatic reviews turned off: a push is not reviewed.
+    set_default_file(state, repo, ".review-bot.yaml", "reviews:\n  auto: false\n")
+    before = pull.newest.head_sha
+    push_tree(state, forge, repo, 11, {**tree, "app/extra.py": SMELL})  # type: ignore[arg-type]
+    skipped = await bot.send(pull, action="synchronize", before=before)
+    await bot.review()
+    job = await store.get_job(skipped)
+    assert job is not None and job.state == JobState.CANCELLED
+    assert "automatic reviews are off" in str(job.last_error)

@@ -6,6 +6,7 @@ Registered by bot.forges.emulator; answers have the shapes GitHub documents
 
 from __future__ import annotations
 
+import base64
 import difflib
 import hashlib
 import itertools
@@ -158,6 +159,75 @@ def push_tree(
     )
     version.base_sha = version.start_sha = base_sha
     return version
+
+
+def set_default_file(state: EmulatorState, repo: str, path: str, text: str | None) -> None:
+    """Put a file on (or, with None, remove it from) the repository's default branch."""
+    tree = history_of(state).default_trees.setdefault(repo, {})
+    if text is None:
+        tree.pop(path, None)
+    else:
+        tree[path] = text
+
+
+def _blob_sha(text: str) -> str:
+    data = text.encode()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+async def _github_contents(ctx: _Context) -> Any:
+    repo = f"{ctx.params['owner']}/{ctx.params['repo']}"
+    _check_repo_token(ctx, repo)
+    path = ctx.params["path"]
+    text = history_of(ctx.state).default_trees.get(repo, {}).get(path)
+    if text is None:
+        raise _github_error(404, "Not Found")
+    sha = _blob_sha(text)
+    api = f"https://api.github.com/repos/{repo}"
+    links = {
+        "self": f"{api}/contents/{path}",
+        "git": f"{api}/git/blobs/{sha}",
+        "html": f"https://github.com/{repo}/blob/main/{path}",
+    }
+    return {
+        "type": "file",
+        "encoding": "base64",
+        "size": len(text.encode()),
+        "name": path.rsplit("/", 1)[-1],
+        "path": path,
+        "content": base64.encodebytes(text.encode()).decode(),
+        "sha": sha,
+        "url": links["self"],
+        "git_url": links["git"],
+        "html_url": links["html"],
+        "download_url": f"https://raw.githubusercontent.com/{repo}/main/{path}",
+        "_links": links,
+    }
+
+
+async def _gitlab_file(ctx: _Context) -> Any:
+    repo = _gitlab_project_path(ctx)
+    ref = ctx.request.query.get("ref")
+    if not ref:
+        raise _Reply(400, {"error": "ref is missing"})
+    path = ctx.params["file_path"]
+    text = history_of(ctx.state).default_trees.get(repo, {}).get(path)
+    if text is None:
+        raise _Reply(404, {"message": "404 File Not Found"})
+    data = text.encode()
+    return {
+        "file_name": path.rsplit("/", 1)[-1],
+        "file_path": path,
+        "size": len(data),
+        "encoding": "base64",
+        "content": base64.b64encode(data).decode(),
+        "content_sha256": hashlib.sha256(data).hexdigest(),
+        "ref": ref,
+        "blob_id": _blob_sha(text),
+        "commit_id": hashlib.sha1(data).hexdigest(),
+        "last_commit_id": hashlib.sha1(data).hexdigest(),
+        "execute_filemode": False,
+    }
 
 
 def _commit_json(state: EmulatorState, repo: str, commit: Commit) -> dict[str, Any]:
@@ -371,6 +441,16 @@ async def _gitlab_resolve_discussion(ctx: _Context) -> Any:
 
 
 QUIET_ROUTES: tuple[_Route, ...] = (
+    _route(
+        "github.contents", "GET", f"{GITHUB_REPO}/contents/{{path}}", _github_contents, "github"
+    ),
+    _route(
+        "gitlab.file",
+        "GET",
+        "/api/v4/projects/{project}/repository/files/{file_path}",
+        _gitlab_file,
+        "gitlab",
+    ),
     _route(
         "github.compare", "GET", f"{GITHUB_REPO}/compare/{{basehead}}", _github_compare, "github"
     ),

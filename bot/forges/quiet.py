@@ -6,10 +6,12 @@ retries), so these calls behave exactly like the client's own.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
+from urllib.parse import quote
 
 import gitlab
 
@@ -29,6 +31,14 @@ class SummaryComment:
 
     id: int
     body: str
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsFile:
+    """A file on the repository's default branch: its blob sha and text."""
+
+    blob_sha: str
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,8 @@ class QuietForge(Protocol):
     async def increment_since(
         self, repo: str, number: int, *, since: str, changes: PullChanges
     ) -> Increment: ...
+
+    async def read_default_file(self, repo: str, path: str) -> SettingsFile | None: ...
 
 
 def with_summary_marker(body: str) -> str:
@@ -177,6 +189,35 @@ class GitHubQuiet:
         return narrow_by_compare(
             changes.files, since=since, status=str(answer.get("status")), compared=compared
         )
+
+    async def read_default_file(self, repo: str, path: str) -> SettingsFile | None:
+        """A file of the default branch (contents API), or None when there is none."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "path": path}
+        api = self.client._api
+
+        async def read(token: str) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                await api.getitem(
+                    "/repos/{owner}/{repo}/contents/{path}", url_vars, oauth_token=token
+                ),
+            )
+
+        try:
+            answer = await self.client._call("read_contents", read, repo=repo)
+        except ForgeNotFound:
+            return None
+        if answer.get("type") != "file":
+            return None
+        return SettingsFile(str(answer["sha"]), _decoded(str(answer.get("content") or ""), path))
+
+
+def _decoded(content: str, path: str) -> str:
+    try:
+        return base64.b64decode(content).decode()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ForgeError(f"{path} on the default branch is not UTF-8 text: {exc}") from exc
 
 
 class GitLabQuiet:
@@ -356,6 +397,29 @@ class GitLabQuiet:
         }
         return narrow_by_versions(changes.files, since=since, ancestor=True, previous=previous)
 
+    async def read_default_file(self, repo: str, path: str) -> SettingsFile | None:
+        """A file of the default branch (repository files API), or None when there is none."""
+        project = self.client._project(repo)
+        encoded = quote(path, safe="")
+
+        def read(gl: gitlab.Gitlab) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                gl.http_get(
+                    f"/projects/{project}/repository/files/{encoded}",
+                    query_data={"ref": "HEAD"},
+                    obey_rate_limit=False,
+                ),
+            )
+
+        try:
+            answer = await self.client._call("read_file", read)
+        except ForgeNotFound:
+            return None
+        return SettingsFile(
+            str(answer["blob_id"]), _decoded(str(answer.get("content") or ""), path)
+        )
+
 
 def quiet_forge_for(client: ForgeClient) -> QuietForge | None:
     """The quiet-review adapter of a configured forge client, or None for another kind."""
@@ -372,6 +436,7 @@ __all__ = [
     "GitLabQuiet",
     "PostedFindings",
     "QuietForge",
+    "SettingsFile",
     "SummaryComment",
     "quiet_forge_for",
     "with_summary_marker",

@@ -220,6 +220,11 @@ async def plan_one_job(
         # The next review starts from the head the one underway reviews: plan after it.
         detail = f"plans after review {scope.wait_for} of the same pull request"
         return PlanningOutcome(job.id, "deferred", detail=detail)
+    if scope is not None and scope.cancel is not None:
+        await store.finish_job(
+            job.id, now=now, state=JobState.CANCELLED, error=scope.cancel, actor="planner"
+        )
+        return PlanningOutcome(job.id, "cancelled", detail=scope.cancel)
     if scope is not None:
         changes = scope.changes
     try:

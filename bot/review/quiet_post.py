@@ -31,6 +31,7 @@ from bot.review.living_summary import (
 )
 from bot.review.poster import PostingOutcome, PostingSettings, render_comment, review_chunk_of
 from bot.review.quiet_plan import QuietDecision, QuietSettings, StoredFinding, decide_quiet_review
+from bot.review.repo_settings import EXCLUDED
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,7 @@ def summary_facts(
         SkippedFile(str(item["path"]), str(item["reason"]))
         for item in increment.get("unchanged", ())
     )
+    skipped.extend(SkippedFile(str(path), EXCLUDED) for path in job.request.get("excluded") or ())
     return SummaryFacts(
         head_sha=str((job.request.get("diff") or {}).get("head_sha") or job.head_sha),
         mode=mode,

@@ -20,6 +20,7 @@ from bot.outage import OutageWatch
 from bot.queue.store import ChunkOutcome, Leased, QueueStore
 from bot.review.engine import ChunkReview, review_chunk
 from bot.review.planner import PlanningOutcome
+from bot.review.repo_settings import chunk_instructions
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
     SCHEDULING_POLICIES,
@@ -685,7 +686,7 @@ class Dispatcher:
             chunk.files,
             level=int(chunk.level),
             metadata=request.metadata,
-            instructions=self.instructions,
+            instructions=chunk_instructions(job, chunk.files, self.instructions),
         )
 
     def presence(self) -> Presence:
