@@ -16,7 +16,7 @@ from bot.intake.app import IntakeConfig, setup_intake
 from bot.obs.alerts import setup_alerts
 from bot.obs.dashboard import setup_admin
 from bot.obs.liveness import stale_after
-from bot.obs.metrics import Metrics, setup_metrics
+from bot.obs.metrics import Metrics, metrics_exposure, setup_metrics
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueStore
 
@@ -69,12 +69,19 @@ def create_app(
             dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
         ),
     )
+    on_main_port, metrics_token = metrics_exposure(
+        admin_token=settings.admin_token,
+        require_token=settings.metrics_require_token,
+        port=settings.metrics_port,
+    )
     metrics = setup_metrics(
         app,
         engine=store.engine,
         clock=used_clock,
         metrics=metrics,
         dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
+        token=metrics_token,
+        route=on_main_port,
     )
     setup_admin(
         app,
@@ -83,6 +90,7 @@ def create_app(
         clock=used_clock,
         thresholds=settings.alerts.threshold_s,
         dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
+        trust_forwarded_proto=settings.trust_forwarded_proto,
     )
     setup_alerts(
         app,
@@ -98,12 +106,29 @@ def create_app(
     return app
 
 
-def create_worker_app(store: QueueStore, *, metrics: Metrics, clock: Clock) -> web.Application:
+def create_worker_app(
+    store: QueueStore, *, metrics: Metrics, clock: Clock, settings: Settings | None = None
+) -> web.Application:
     """What a dispatcher-only process serves: `/healthz` and `/metrics`, nothing else."""
     app = web.Application(middlewares=[error_middleware])
     app[STORE_KEY] = store
     app[CLOCK_KEY] = clock
-    setup_metrics(app, engine=store.engine, clock=clock, metrics=metrics, count_webhooks=False)
+    used = settings if settings is not None else Settings()
+    on_main_port, metrics_token = metrics_exposure(
+        admin_token=used.admin_token,
+        require_token=used.metrics_require_token,
+        port=used.metrics_port,
+    )
+    setup_metrics(
+        app,
+        engine=store.engine,
+        clock=clock,
+        metrics=metrics,
+        count_webhooks=False,
+        dispatcher_stale_s=stale_after(used.scheduler.heartbeat_s),
+        token=metrics_token,
+        route=on_main_port,
+    )
 
     async def health(request: web.Request) -> web.Response:
         await store.ping()  # StoreUnavailable becomes a 503 in the middleware

@@ -76,6 +76,11 @@ class Settings:
     llm_response_format: str | None = "json_schema"
     max_body_bytes: int = 25 * 1024 * 1024
     admin_token: str | None = None
+    # /metrics on a port of its own (None: on the main port) and/or behind the admin token.
+    metrics_port: int | None = None
+    metrics_require_token: bool = False
+    # A TLS-terminating proxy in front sets X-Forwarded-Proto; believe it (Secure cookies).
+    trust_forwarded_proto: bool = False
     bot_login: str = "review-bot"
     # Chunks in flight per engine (LLM server): bounds of the adaptive window.
     window: WindowSettings = field(default_factory=WindowSettings)
@@ -154,6 +159,16 @@ def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
     if lowered in {"0", "false", "no", "off"}:
         return False
     raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _port(environ: Mapping[str, str], name: str) -> int | None:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return None
+    port = _int(environ, name, 0)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{name} must be a TCP port (1-65535), got {raw!r}")
+    return port
 
 
 def _numbers(environ: Mapping[str, str], name: str, count: int) -> tuple[float, ...] | None:
@@ -277,6 +292,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         llm_response_format=_response_format(env.get("REVIEW_BOT_LLM_RESPONSE_FORMAT")),
         max_body_bytes=_int(env, "REVIEW_BOT_MAX_BODY_BYTES", 25 * 1024 * 1024),
         admin_token=_secret(env, "REVIEW_BOT_ADMIN_TOKEN"),
+        metrics_port=_port(env, "REVIEW_BOT_METRICS_PORT"),
+        metrics_require_token=_bool(env, "REVIEW_BOT_METRICS_REQUIRE_TOKEN", False),
+        trust_forwarded_proto=_bool(env, "REVIEW_BOT_TRUST_FORWARDED_PROTO", False),
         bot_login=env.get("REVIEW_BOT_LOGIN", "review-bot"),
         window=window,
         llm_max_num_seqs=max_num_seqs,

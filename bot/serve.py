@@ -19,7 +19,7 @@ from bot.errors import ConfigError
 from bot.forges.registry import ForgeRegistry, build_forges, configured_forges
 from bot.llm.base import LLMBackend
 from bot.llm.factory import check_backend_choice, create_backend
-from bot.obs.metrics import Metrics
+from bot.obs.metrics import Metrics, start_metrics_site
 from bot.outage import OutageWatch
 from bot.pipeline import build_pipeline
 from bot.policy import load_policy_book
@@ -112,6 +112,7 @@ async def serve(
 
     metrics = Metrics()
     runner: web.AppRunner | None = None
+    metrics_runner: web.AppRunner | None = None
     backend: LLMBackend | None = None
     dispatcher: Dispatcher | None = None
     background: list[asyncio.Task[None]] = []
@@ -126,10 +127,12 @@ async def serve(
                 metrics=metrics,
             )
         else:  # a dispatcher alone still answers health checks and scrapes
-            app = create_worker_app(store, metrics=metrics, clock=clock)
+            app = create_worker_app(store, metrics=metrics, clock=clock, settings=settings)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host, port, backlog=1024).start()
+        if settings.metrics_port is not None:
+            metrics_runner = await start_metrics_site(app, host=host, port=settings.metrics_port)
         if role in ("web", "all"):
             log.info(
                 "webhooks at http://%s:%s/webhooks/{github,gitlab}",
@@ -207,6 +210,8 @@ async def serve(
                 log.error("background task failed: %r", result, extra={"action": "serve_error"})
         if runner is not None:
             await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await forges.close()
         if backend is not None:
             await backend.close()

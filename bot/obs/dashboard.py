@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.clock import Clock
 from bot.model import LEVELS, Level
 from bot.obs import monitoring_sql as sql
+from bot.obs.access import bearer_token, came_over_https, token_matches
 from bot.obs.liveness import Liveness, read_liveness, stale_after
 from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
 from bot.stats import percentile
@@ -51,19 +52,6 @@ CONTENT_SECURITY_POLICY = (
 def session_cookie_value(token: str) -> str:
     """The cookie a valid token buys: derived from it, so the token itself never sits in it."""
     return hmac.new(token.encode(), b"review-bot admin session v1", hashlib.sha256).hexdigest()
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an `Authorization: Bearer ...` header, if any."""
-    if not authorization:
-        return None
-    scheme, _, value = authorization.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
-def token_matches(given: str | None, expected: str) -> bool:
-    """Constant-time comparison of a presented token with the configured one."""
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
 def cookie_matches(given: str | None, expected_token: str) -> bool:
@@ -435,6 +423,7 @@ class AdminConfig:
     admin_token: str | None
     thresholds: Mapping[Level, float]
     dispatcher_stale_s: float = stale_after(30.0)
+    trust_forwarded_proto: bool = False
 
 
 ADMIN_KEY = web.AppKey("admin_config", AdminConfig)
@@ -484,7 +473,11 @@ async def handle_admin(request: web.Request) -> web.StreamResponse:
             path="/admin",
             httponly=True,
             samesite="Strict",
-            secure=request.secure,
+            secure=came_over_https(
+                direct_tls=request.secure,
+                forwarded_proto=request.headers.get("X-Forwarded-Proto"),
+                trust_forwarded_proto=config.trust_forwarded_proto,
+            ),
         )
         return response
     if not (
@@ -510,6 +503,7 @@ def setup_admin(
     clock: Clock,
     thresholds: Mapping[Level, float] | None = None,
     dispatcher_stale_s: float = stale_after(30.0),
+    trust_forwarded_proto: bool = False,
 ) -> None:
     """Add `GET /admin`, reading the queue through `engine`."""
     app[ADMIN_KEY] = AdminConfig(
@@ -517,6 +511,7 @@ def setup_admin(
         clock=clock,
         admin_token=admin_token or None,
         dispatcher_stale_s=dispatcher_stale_s,
+        trust_forwarded_proto=trust_forwarded_proto,
         thresholds=dict(
             thresholds
             if thresholds is not None

@@ -26,9 +26,10 @@ from prometheus_client import (
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock
-from bot.errors import StoreError
+from bot.errors import ConfigError, StoreError
 from bot.model import LEVELS, Level
 from bot.obs import monitoring_sql as sql
+from bot.obs.access import bearer_token, token_matches
 from bot.obs.liveness import read_liveness, stale_after
 
 log = logging.getLogger(__name__)
@@ -318,6 +319,7 @@ class MetricsConfig:
     engine: AsyncEngine
     clock: Clock
     dispatcher_stale_s: float = stale_after(30.0)
+    token: str | None = None  # when set, scrapes must present it as a bearer token
 
 
 METRICS_KEY = web.AppKey("metrics", Metrics)
@@ -350,6 +352,14 @@ async def _count_webhook_response(request: web.Request, response: web.StreamResp
 async def handle_metrics(request: web.Request) -> web.Response:
     """Refresh the queue gauges from the database, then expose every metric."""
     config = request.app[METRICS_CONFIG_KEY]
+    if config.token and not token_matches(
+        bearer_token(request.headers.get("Authorization")), config.token
+    ):
+        return web.Response(
+            status=401,
+            text="metrics need the admin token (Authorization: Bearer ...)\n",
+            headers={"WWW-Authenticate": 'Bearer realm="review-bot metrics"'},
+        )
     now = config.clock.now()
     try:
         snapshot = await read_queue_snapshot(config.engine, now=now)
@@ -375,8 +385,14 @@ def setup_metrics(
     metrics: Metrics | None = None,
     count_webhooks: bool = True,
     dispatcher_stale_s: float = stale_after(30.0),
+    token: str | None = None,
+    route: bool = True,
 ) -> Metrics:
-    """Add `GET /metrics`, reading the queue and the dispatchers' heartbeats through `engine`."""
+    """Add `GET /metrics`, reading the queue and the dispatchers' heartbeats through `engine`.
+
+    With `route=False` the metrics are kept (and webhooks counted) but served elsewhere:
+    `create_metrics_app` puts them on a port of their own.
+    """
     used = metrics if metrics is not None else Metrics()
     app[METRICS_KEY] = used
     app[METRICS_CONFIG_KEY] = MetricsConfig(
@@ -384,8 +400,40 @@ def setup_metrics(
         engine=engine,
         clock=clock,
         dispatcher_stale_s=dispatcher_stale_s,
+        token=token,
     )
-    app.router.add_get("/metrics", handle_metrics)
+    if route:
+        app.router.add_get("/metrics", handle_metrics)
     if count_webhooks:
         app.on_response_prepare.append(_count_webhook_response)
     return used
+
+
+def create_metrics_app(source: web.Application) -> web.Application:
+    """An app serving only `GET /metrics` of `source` (for REVIEW_BOT_METRICS_PORT)."""
+    app = web.Application()
+    app[METRICS_KEY] = source[METRICS_KEY]
+    app[METRICS_CONFIG_KEY] = source[METRICS_CONFIG_KEY]
+    app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
+async def start_metrics_site(source: web.Application, *, host: str, port: int) -> web.AppRunner:
+    """Serve `source`'s /metrics on a port of its own; the caller cleans the runner up."""
+    runner = web.AppRunner(create_metrics_app(source), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("metrics at http://%s:%s/metrics", host, port, extra={"action": "serve_metrics"})
+    return runner
+
+
+def metrics_exposure(
+    *, admin_token: str | None, require_token: bool, port: int | None
+) -> tuple[bool, str | None]:
+    """Whether /metrics is on the main port, and the token it needs; raises ConfigError."""
+    if require_token and not admin_token:
+        raise ConfigError(
+            "REVIEW_BOT_METRICS_REQUIRE_TOKEN is set but REVIEW_BOT_ADMIN_TOKEN is not: "
+            "there is no token to require"
+        )
+    return port is None, admin_token if require_token else None
