@@ -23,6 +23,7 @@ from bot.sched.dispatcher import (
     RequestBuilder,
     default_request,
 )
+from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import ServiceEstimator
 
 
@@ -51,6 +52,7 @@ def build_pipeline(
     estimator: ServiceEstimator | None = None,
     instructions: str | None = None,
     quiet: QuietPosting | None = None,
+    engines: EnginePool | None = None,
 ) -> Pipeline:
     """Wire planner, dispatcher and poster over one store.
 
@@ -73,6 +75,7 @@ def build_pipeline(
         instructions=instructions,
         metrics=metrics,
         on_preempt=on_preempt,
+        engines=engines,
     )
     return Pipeline(reviews=reviews, dispatcher=running, planning=planned)
 

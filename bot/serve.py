@@ -28,6 +28,7 @@ from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
 from bot.review.quiet_post import quiet_posting
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
+from bot.sched.engine_setup import engine_pool_for, served_line_budget
 from bot.status.eta import Capacity
 from bot.status.publisher import StatusPublisher, StatusSettings
 
@@ -44,7 +45,7 @@ def status_publisher(
         store.engine,
         forges,
         clock=dispatcher.clock,
-        capacity=Capacity(slots=dispatcher.settings.slots, mlfq=dispatcher.settings.mlfq),
+        capacity=Capacity(slots=dispatcher.total_slots, mlfq=dispatcher.settings.mlfq),
         estimator=lambda: dispatcher.estimator,
         settings=StatusSettings(
             neutral_at=settings.status_neutral_at, interval_s=settings.status_interval_s
@@ -143,6 +144,10 @@ async def serve(
         if role in ("dispatcher", "all"):
             backend = create_backend(settings)
             lease_s = settings.scheduler.lease_s
+            try:
+                line_budget = await served_line_budget(settings)
+            except ValueError as exc:
+                raise ConfigError(f"REVIEW_BOT_LLM_URLS: {exc}") from exc
             pipeline = build_pipeline(
                 store,
                 forges=forges,
@@ -154,10 +159,12 @@ async def serve(
                     owner=worker_name(),
                     outage_backoff_s=settings.outage_backoff_s,
                 ),
-                planning=PlanningSettings(lease_s=lease_s),
+                planning=PlanningSettings(lease_s=lease_s, line_budget=line_budget),
                 posting=PostingSettings(lease_s=lease_s),
                 metrics=metrics,
                 quiet=quiet_posting(settings, store),
+                # One window of chunks per LLM server (plain slots for the simulated backend).
+                engines=engine_pool_for(settings, backend, now=clock.now(), metrics=metrics),
             )
             dispatcher = pipeline.dispatcher
             background.append(asyncio.create_task(dispatcher.run(database_url=url)))
@@ -187,10 +194,13 @@ async def serve(
                     )
                 )
             log.info(
-                "dispatcher %s with %d slots on the %s backend",
+                "dispatcher %s with %d slots on the %s backend%s",
                 dispatcher.settings.owner,
-                dispatcher.settings.slots,
+                dispatcher.total_slots,
                 settings.llm_backend,
+                ""
+                if dispatcher.engines is None
+                else f" ({len(dispatcher.engines.engines)} engines with adaptive windows)",
                 extra={"action": "serve_dispatcher"},
             )
         stopped = asyncio.create_task(stop.wait())

@@ -21,6 +21,7 @@ from bot.queue.store import ChunkOutcome, Leased, QueueStore
 from bot.review.engine import ChunkReview, review_chunk
 from bot.review.planner import PlanningOutcome
 from bot.review.repo_settings import chunk_instructions
+from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
     SCHEDULING_POLICIES,
@@ -155,8 +156,12 @@ class Dispatcher:
         instructions: str | None = None,
         metrics: Metrics | None = None,
         on_preempt: ChunkPreempted | None = None,
+        engines: EnginePool | None = None,
     ) -> None:
         self.store = store
+        # With engines, the slots are the engines' windows and each chunk names its engine;
+        # without, `settings.slots` calls run on whatever the backend picks.
+        self.engines = engines
         self.backend = backend
         self.settings = settings
         self.clock = clock
@@ -189,7 +194,13 @@ class Dispatcher:
 
     @property
     def free_slots(self) -> int:
+        if self.engines is not None:
+            return self.engines.free
         return max(0, self.settings.slots - len(self.held))
+
+    @property
+    def total_slots(self) -> int:
+        return self.engines.capacity if self.engines is not None else self.settings.slots
 
     def ranks_for(self, chunk_lines: Sequence[int]) -> tuple[float, ...]:
         """Ranks for a new job's chunks from the current estimator."""
@@ -237,7 +248,7 @@ class Dispatcher:
             short_ready=load.short_ready,
             running_long=load.running_long,
             free_slots=free,
-            total_slots=self.settings.slots,
+            total_slots=self.total_slots,
             settings=self.settings.mlfq,
         )
 
@@ -251,6 +262,8 @@ class Dispatcher:
         if self._stopping.is_set():
             return leased
         preempting = self.settings.policy == "mlfq" and self.settings.mlfq.preempt
+        if self.engines is not None:
+            await self.engines.refresh(self.store.engine_load)
         if self.free_slots == 0 and not preempting:
             return leased
         load = await self._read_load(now) if self.settings.policy == "mlfq" else None
@@ -265,9 +278,27 @@ class Dispatcher:
     async def _lease(self, load: _Load | None, now: datetime) -> list[Leased]:
         leased: list[Leased] = []
         retried = False
-        while self.free_slots > 0:
-            if load is None:
-                choice: SlotChoice | None = SlotChoice(levels=LEVELS)
+        while True:
+            engine = None
+            if self.engines is not None:
+                engine = self.engines.pick(p0=False)
+                if engine is None and load is not None and load.fresh.get(Level.P0, 0) > 0:
+                    # Every window is full: a new P0 review takes a place above one, which
+                    # the server admits at once (the ceiling stays under --max-num-seqs).
+                    engine = self.engines.pick(p0=True)
+                    choice: SlotChoice | None = SlotChoice(levels=(Level.P0,), reason="p0 place")
+                elif engine is None:
+                    break
+                elif load is None:
+                    choice = SlotChoice(levels=LEVELS)
+                else:
+                    choice = self._choose(load, max(1, self.free_slots))
+                if engine is None:
+                    break
+            elif self.free_slots <= 0:
+                break
+            elif load is None:
+                choice = SlotChoice(levels=LEVELS)
             else:
                 choice = self._choose(load, self.free_slots)
             if choice is None:
@@ -278,6 +309,7 @@ class Dispatcher:
                 now=now,
                 lease_s=self.settings.lease_s,
                 max_rank=choice.max_rank,
+                engine=None if engine is None else engine.name,
             )
             if got is None:
                 if load is None or retried:
@@ -288,6 +320,8 @@ class Dispatcher:
                 continue
             self.held[got.chunk.id] = got
             leased.append(got)
+            if self.engines is not None and engine is not None:
+                self.engines.take(engine, got.chunk.id, now)
             if load is not None:
                 self._account(load, got)
                 await self._rerank_after_lease(got, now)
@@ -325,6 +359,9 @@ class Dispatcher:
             del self.held[chunk_id]
             chunk = victim.chunk
             used_s = (now - chunk.started_at).total_seconds() if chunk.started_at else 0.0
+            if self.engines is not None:
+                shared = self.engines.abandoned(chunk_id, now)
+                used_s = used_s if shared is None else shared
             await self.store.release_chunk(
                 chunk_id,
                 owner=self.settings.owner,
@@ -564,6 +601,8 @@ class Dispatcher:
             if await self.store.release_chunk(chunk_id, owner=self.settings.owner, now=now):
                 released += 1
             self.held.pop(chunk_id, None)
+            if self.engines is not None:
+                self.engines.abandoned(chunk_id, now)
         return released
 
     # --- live mode --------------------------------------------------------------------------
@@ -606,6 +645,8 @@ class Dispatcher:
         """Free the slot and count the attempt; if the store is away too, the lease expires."""
         chunk = leased.chunk
         self.held.pop(chunk.id, None)
+        if self.engines is not None:
+            self.engines.abandoned(chunk.id, self.clock.now())
         try:
             outcome = await self.store.fail_chunk(
                 chunk.id,
@@ -639,6 +680,8 @@ class Dispatcher:
         try:
             review = await call
         except LLMRequestRejected as exc:
+            if self.engines is not None:
+                await self.engines.failed(leased.chunk.id, self.clock.now(), overloaded=False)
             # This model cannot review this part (e.g. a prompt over its context length);
             # the rest of the review goes on and its summary names the part and why.
             log.warning(
@@ -655,9 +698,15 @@ class Dispatcher:
             )
             return
         except LLMError as exc:
+            if self.engines is not None:
+                await self.engines.failed(
+                    leased.chunk.id, self.clock.now(), overloaded=exc.overloaded
+                )
             await self.fail(leased, exc, self.clock.now())
             return
         except asyncio.CancelledError:
+            if self.engines is not None:
+                self.engines.abandoned(leased.chunk.id, self.clock.now())
             current = asyncio.current_task()
             preempted = leased.chunk.id in self._preempted
             if preempted and (current is None or not current.cancelling()):
@@ -666,13 +715,27 @@ class Dispatcher:
         finally:
             self._calls.pop(leased.chunk.id, None)
             self._preempted.discard(leased.chunk.id)
+        gpu_seconds = review.gpu_seconds
+        if self.engines is not None:
+            # Under batching a call's latency is not its cost: charge its share of the engine.
+            usage = review.usage
+            shared = await self.engines.finished(
+                leased.chunk.id,
+                self.clock.now(),
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+            )
+            # A backend that measured wall time says GPU seconds = latency: under batching the
+            # call gets its share instead. One that charges a cost model has said its cost.
+            if shared is not None and usage.gpu_seconds == usage.latency_s:
+                gpu_seconds = shared
         if self.metrics is not None:
             usage = review.usage
-            self.metrics.observe_chunk(self.settings.owner, review.gpu_seconds)
+            self.metrics.observe_chunk(self.settings.owner, gpu_seconds)
             self.metrics.observe_llm(usage.latency_s, usage.prompt_tokens, usage.completion_tokens)
         await self.complete_review(
             leased,
-            gpu_seconds=review.gpu_seconds,
+            gpu_seconds=gpu_seconds,
             result=review.to_result(),
             now=self.clock.now(),
         )
@@ -681,11 +744,15 @@ class Dispatcher:
         """Prompt, call and parse one chunk (one stricter retry on malformed output)."""
         chunk = leased.chunk
         request = await self.build_request(job, leased)
+        metadata = request.metadata
+        engine = self.engines.engine_of(chunk.id) if self.engines is not None else None
+        if engine is not None:
+            metadata = {**metadata, "engine": engine}
         return await review_chunk(
             self.backend,
             chunk.files,
             level=int(chunk.level),
-            metadata=request.metadata,
+            metadata=metadata,
             instructions=chunk_instructions(job, chunk.files, self.instructions),
         )
 
@@ -694,8 +761,8 @@ class Dispatcher:
         return Presence(
             self.store.engine,
             name=self.settings.owner,
-            slots=self.settings.slots,
-            engines=lambda: backend_engines(self.backend),
+            slots=self.total_slots,
+            engines=lambda: backend_engines(self.backend, self.engines),
             running=lambda: len(self.held),
         )
 

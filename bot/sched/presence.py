@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.clock import Clock
 from bot.errors import StoreError
 from bot.obs import monitoring_sql as sql
+from bot.sched.engine_pool import EnginePool
 
 log = logging.getLogger(__name__)
 
@@ -25,20 +26,34 @@ log = logging.getLogger(__name__)
 FORGET_AFTER = timedelta(days=7)
 
 
-def backend_engines(backend: object) -> list[dict[str, Any]]:
-    """The engines a backend feeds and whether each is in rotation.
+def backend_engines(backend: object, pool: EnginePool | None = None) -> list[dict[str, Any]]:
+    """The engines a backend feeds, whether each is in rotation, and each window's load.
 
     The OpenAI-compatible backend has one worker per server, each healthy or ejected; any
-    other backend (in-process vLLM, simulated) is one engine that is there while it is.
+    other backend (in-process vLLM, simulated) is one engine that is there while it is. With
+    an engine pool, each engine also carries its window, chunks in flight and utilization.
     """
     workers = getattr(backend, "workers", None)
     if isinstance(workers, list) and workers:
-        return [
+        engines = [
             {"name": str(getattr(worker, "base_url", index)), "alive": bool(worker.healthy)}
             for index, worker in enumerate(workers)
             if hasattr(worker, "healthy")
         ]
-    return [{"name": type(backend).__name__, "alive": True}]
+    elif pool is not None:
+        engines = [{"name": engine.name, "alive": True} for engine in pool.engines]
+    else:
+        engines = [{"name": type(backend).__name__, "alive": True}]
+    if pool is not None:
+        for entry in engines:
+            engine = pool.by_name(str(entry["name"]))
+            if engine is not None:
+                entry.update(
+                    window=engine.window,
+                    in_flight=engine.in_flight,
+                    utilization=round(engine.utilization(engine.history[0][0]), 4),
+                )
+    return engines
 
 
 @dataclass(slots=True)

@@ -1,0 +1,207 @@
+"""The dispatcher's engines: which engine a leased chunk goes to, and what its end teaches.
+
+Thin I/O around bot.sched.engines and bot.sched.window: what runs on each engine is read from
+the database (every process's leases name their engine), a call's start and end are booked on
+its engine, and when an engine's interval is due its vLLM /metrics is read (where a probe is
+given) and its window moves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+
+from bot.llm.vllm_metrics import EngineMetrics, engine_load, prefix_cache_hit_rate
+from bot.obs.metrics import Metrics
+from bot.sched.engines import CallMark, Engine, choose_engine, free_places, total_places
+from bot.sched.window import WindowDecision, WindowSettings
+
+log = logging.getLogger(__name__)
+
+# Reads an engine's /metrics by its name (base URL); None when it says nothing.
+EngineProbe = Callable[[str], Awaitable[EngineMetrics | None]]
+
+
+class EnginePool:
+    """Engines with windows, the calls running on them, and the per-engine load in the database."""
+
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        *,
+        p0_places: int = 1,
+        probe: EngineProbe | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("an engine pool needs at least one engine")
+        names = [engine.name for engine in engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine names must differ, got {names}")
+        self.engines = list(engines)
+        self.p0_places = p0_places
+        self.probe = probe
+        self.metrics = metrics
+        self.running: dict[str, int] = {}
+        self.marks: dict[int, CallMark] = {}
+        self._scraped: dict[str, EngineMetrics] = {}
+        self._busy_shown: dict[str, float] = {}
+
+    @classmethod
+    def build(
+        cls,
+        names: Sequence[str],
+        window: WindowSettings,
+        *,
+        now: datetime,
+        p0_places: int = 1,
+        probe: EngineProbe | None = None,
+        metrics: Metrics | None = None,
+    ) -> EnginePool:
+        """One engine per name, each with the same window bounds."""
+        engines = [Engine.create(name, window, now_s=now.timestamp()) for name in names]
+        return cls(engines, p0_places=p0_places, probe=probe, metrics=metrics)
+
+    def by_name(self, name: str) -> Engine | None:
+        return next((engine for engine in self.engines if engine.name == name), None)
+
+    @property
+    def capacity(self) -> int:
+        """Chunks the windows hold together (the scheduler's slots)."""
+        return total_places(self.engines)
+
+    @property
+    def free(self) -> int:
+        """Free places in all windows (P0's places above them not counted)."""
+        return sum(
+            free_places(engine, running=self.running.get(engine.name)) for engine in self.engines
+        )
+
+    async def refresh(
+        self, engine_load_in_database: Callable[[], Awaitable[dict[str, int]]]
+    ) -> None:
+        """Read what runs on each engine in every process."""
+        self.running = await engine_load_in_database()
+
+    def pick(self, *, p0: bool) -> Engine | None:
+        """The engine for the next chunk; with `p0`, places above the windows count too."""
+        # Rotate so ties spread over engines instead of always going to the first.
+        if self.engines:
+            self.engines.append(self.engines.pop(0))
+        return choose_engine(
+            self.engines, running=self.running, p0_places=self.p0_places if p0 else 0
+        )
+
+    def take(self, engine: Engine, chunk_id: int, now: datetime) -> None:
+        """A chunk was leased to run on `engine`."""
+        self.marks[chunk_id] = engine.start(now.timestamp())
+        self.running[engine.name] = self.running.get(engine.name, 0) + 1
+
+    def engine_of(self, chunk_id: int) -> str | None:
+        mark = self.marks.get(chunk_id)
+        return None if mark is None else mark.engine
+
+    def _release(self, chunk_id: int) -> tuple[Engine, CallMark] | None:
+        mark = self.marks.pop(chunk_id, None)
+        if mark is None:
+            return None
+        engine = self.by_name(mark.engine)
+        if engine is None:
+            return None
+        self.running[engine.name] = max(0, self.running.get(engine.name, 0) - 1)
+        return engine, mark
+
+    async def finished(
+        self,
+        chunk_id: int,
+        now: datetime,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        overloads: int = 0,
+    ) -> float | None:
+        """A chunk's call answered; returns its share of engine seconds (None: not ours)."""
+        released = self._release(chunk_id)
+        if released is None:
+            return None
+        engine, mark = released
+        share = engine.finish(
+            mark,
+            now.timestamp(),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+        engine.interval_overloads += overloads
+        await self._judge(engine, now)
+        return share
+
+    async def failed(self, chunk_id: int, now: datetime, *, overloaded: bool) -> float | None:
+        """A chunk's call failed; refusals for load and timeouts shrink the window at once."""
+        released = self._release(chunk_id)
+        if released is None:
+            return None
+        engine, mark = released
+        share = engine.fail(mark, now.timestamp(), overloaded=overloaded)
+        await self._judge(engine, now)
+        return share
+
+    def abandoned(self, chunk_id: int, now: datetime) -> float | None:
+        """A chunk's call was taken back (preemption, crash, shutdown): nothing to learn."""
+        released = self._release(chunk_id)
+        if released is None:
+            return None
+        engine, mark = released
+        return engine.abandon(mark, now.timestamp())
+
+    async def _judge(self, engine: Engine, now: datetime) -> WindowDecision | None:
+        now_s = now.timestamp()
+        if not engine.due(now_s):
+            self._show(engine)
+            return None
+        scraped = await self.probe(engine.name) if self.probe is not None else None
+        load = None
+        if scraped is not None:
+            previous = self._scraped.get(engine.name)
+            load = engine_load(previous, scraped)
+            rate = prefix_cache_hit_rate(previous, scraped)
+            if rate is not None:
+                engine.prefix_cache_hit_rate = rate
+            self._scraped[engine.name] = scraped
+        before = engine.window
+        observation = engine.observation(now_s, load)
+        decision = engine.adapt(now_s, load)
+        if decision.window != before:
+            log.info(
+                "engine %s window %s -> %s (%s; %.1f tokens/s)",
+                engine.name,
+                before,
+                decision.window,
+                decision.reason,
+                observation.tokens_per_s,
+                extra={
+                    "action": "engine_window",
+                    "engine": engine.name,
+                    "window": decision.window,
+                    "reason": decision.reason,
+                },
+            )
+        self._show(engine, tokens_per_s=observation.tokens_per_s)
+        return decision
+
+    def _show(self, engine: Engine, *, tokens_per_s: float | None = None) -> None:
+        if self.metrics is None:
+            return
+        shown = self._busy_shown.get(engine.name, 0.0)
+        self._busy_shown[engine.name] = engine.busy_s
+        self.metrics.show_engine(
+            engine.name,
+            window=engine.window,
+            in_flight=engine.in_flight,
+            tokens_per_s=tokens_per_s,
+            prefix_cache_hit_rate=engine.prefix_cache_hit_rate,
+            busy_s=engine.busy_s - shown,
+        )
+
+
+__all__ = ["EnginePool", "EngineProbe"]

@@ -1,0 +1,121 @@
+"""Engines for the configured backend, and chunks sized to the model the servers serve.
+
+One engine per OpenAI-compatible base URL (one vLLM server: one GPU or one tensor-parallel
+group), one for vLLM's in-process engine; the simulated backend keeps plain worker slots. The
+chunk line budget is cut to what the served model's context holds (vLLM's /v1/models reports
+`max_model_len`), so no chunk is refused for its length.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import aiohttp
+
+from bot.config import Settings
+from bot.llm.base import LLMBackend
+from bot.llm.openai_compat import OpenAICompatBackend, normalize_base_url
+from bot.llm.vllm_metrics import (
+    EngineMetrics,
+    chunk_line_budget,
+    fetch_engine_metrics,
+    fetch_model_info,
+    prompt_tokens_estimate,
+)
+from bot.obs.metrics import Metrics
+from bot.review.chunking import DEFAULT_LINE_BUDGET
+from bot.review.prompts import build_messages
+from bot.sched.engine_pool import EnginePool, EngineProbe
+
+log = logging.getLogger(__name__)
+
+IN_PROCESS_ENGINE = "in-process"
+# Answer tokens the review asks for (bot.review.engine.review_chunk's max_tokens).
+ANSWER_TOKENS = 1024
+
+
+def engine_names(settings: Settings) -> tuple[str, ...]:
+    """The engines of the configured backend; empty for the simulated one (plain slots)."""
+    backend = (settings.llm_backend or "simulated").strip().lower()
+    if backend == "openai":
+        return tuple(dict.fromkeys(normalize_base_url(url) for url in settings.llm_base_urls))
+    if backend == "vllm":
+        return (IN_PROCESS_ENGINE,)
+    return ()
+
+
+def metrics_probe(backend: LLMBackend) -> EngineProbe | None:
+    """Reads an engine's vLLM /metrics through the backend's HTTP session (openai only)."""
+    if not isinstance(backend, OpenAICompatBackend):
+        return None
+
+    async def probe(name: str) -> EngineMetrics | None:
+        return await fetch_engine_metrics(backend.get_session(), name)
+
+    return probe
+
+
+def engine_pool_for(
+    settings: Settings, backend: LLMBackend, *, now: datetime, metrics: Metrics | None = None
+) -> EnginePool | None:
+    """The engines with windows for this backend, or None for plain worker slots."""
+    names = engine_names(settings)
+    if not names:
+        return None
+    return EnginePool.build(
+        names, settings.window, now=now, probe=metrics_probe(backend), metrics=metrics
+    )
+
+
+def fixed_prompt_tokens() -> int:
+    """Tokens of everything in a chunk's prompt but its diff (system prompt, framing)."""
+    messages = build_messages([])
+    return sum(prompt_tokens_estimate(message["content"]) for message in messages)
+
+
+async def served_line_budget(settings: Settings, *, ceiling: int = DEFAULT_LINE_BUDGET) -> int:
+    """Chunk line budget for the served model's context (openai backend); else `ceiling`.
+
+    Raises ValueError when the context cannot hold a useful chunk (a configuration error).
+    """
+    if (settings.llm_backend or "").strip().lower() != "openai" or not settings.llm_base_urls:
+        return ceiling
+    async with aiohttp.ClientSession() as session:
+        for url in settings.llm_base_urls:
+            info = await fetch_model_info(
+                session, normalize_base_url(url), settings.llm_model, api_key=settings.llm_api_key
+            )
+            if info is None or info.max_model_len is None:
+                continue
+            budget = chunk_line_budget(
+                info.max_model_len,
+                max_tokens=ANSWER_TOKENS,
+                fixed_prompt_tokens=fixed_prompt_tokens(),
+                ceiling=ceiling,
+            )
+            log.info(
+                "%s serves %s with a context of %s tokens: chunks of up to %s lines",
+                url,
+                info.id,
+                info.max_model_len,
+                budget,
+                extra={"action": "chunk_budget", "line_budget": budget},
+            )
+            return budget
+    log.warning(
+        "no server said its context length: chunks of up to %s lines",
+        ceiling,
+        extra={"action": "chunk_budget_default"},
+    )
+    return ceiling
+
+
+__all__ = [
+    "IN_PROCESS_ENGINE",
+    "engine_names",
+    "engine_pool_for",
+    "fixed_prompt_tokens",
+    "metrics_probe",
+    "served_line_budget",
+]
