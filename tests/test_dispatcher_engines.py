@@ -13,14 +13,16 @@ from aiohttp import web
 
 from bot.clock import SystemClock
 from bot.llm.openai_compat import OpenAICompatBackend
-from bot.model import Job, JobState, Level
+from bot.model import FileChange, JobState, Level
 from bot.obs.metrics import Metrics
+from bot.pipeline import build_pipeline
 from bot.queue.store import QueueStore
-from bot.review.chunking import plan_chunks_from_lines
-from bot.sched.dispatcher import Dispatcher, DispatcherSettings, JobPlan
+from bot.review.planner import PlanningSettings
+from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import MlfqSettings
 from bot.sched.window import WindowSettings
+from bot.sim.forge import added_lines_patch, memory_forges
 from tests.factories import decide, make_request
 
 pytestmark = pytest.mark.slow
@@ -78,12 +80,14 @@ class CountingServer:
             await self.runner.cleanup()
 
 
-class OneChunkPlanner:
-    async def plan(self, job: Job) -> JobPlan:
-        return JobPlan(chunks=plan_chunks_from_lines([job.total_lines], line_budget=10_000).chunks)
+# Every change is one 20-line file: one chunk a review.
+FORGES = memory_forges(SystemClock())
 
 
 async def _submit(store: QueueStore, number: int, level: Level = Level.P1) -> int:
+    head_sha = f"{number:040d}"
+    files = [FileChange("src/app.py", additions=20, patch=added_lines_patch(20))]
+    FORGES["github"].add_change("acme/payments", number, files, head_sha=head_sha)
     result = await store.submit_request(
         make_request(number=number, head_sha=f"{number:040d}", additions=20, deletions=0),
         decide(level, "hotfix" if level == Level.P0 else "ordinary pull request"),
@@ -126,16 +130,18 @@ def _dispatcher(
         now=SystemClock().now(),
         metrics=kwargs.pop("metrics", None),  # type: ignore[arg-type]
     )
-    return Dispatcher(
+    return build_pipeline(
         store,
-        backend,
-        planner=OneChunkPlanner(),
-        settings=DispatcherSettings(
+        forges=FORGES,
+        policies=None,
+        backend=backend,
+        clock=SystemClock(),
+        dispatcher=DispatcherSettings(
             owner="d1", slots=1, poll_s=0.2, lease_s=60.0, mlfq=MlfqSettings(reserved_slots=0)
         ),
-        clock=SystemClock(),
+        planning=PlanningSettings(line_budget=400),
         engines=pool,
-    )
+    ).dispatcher
 
 
 async def test_each_engine_runs_a_window_of_chunks_and_no_more(db_url: str) -> None:
