@@ -13,15 +13,22 @@ from aiohttp.test_utils import TestServer
 
 from bot.app import create_app
 from bot.clock import VirtualClock
+from bot.commands.worker import CommandWorker
 from bot.config import DEFAULT_POLICY_DIR
 from bot.forges.emulator import (
     EmulatedPull,
     ForgeEmulator,
+    build_github_issue_comment_event,
     build_github_pull_request_event,
     build_gitlab_merge_request_event,
     send_webhook,
 )
-from bot.forges.emulator_quiet import open_pull_from_trees, push_tree, set_default_file
+from bot.forges.emulator_quiet import (
+    history_of,
+    open_pull_from_trees,
+    push_tree,
+    set_default_file,
+)
 from bot.forges.registry import ForgeRegistry
 from bot.llm.simulated import SimulatedBackend
 from bot.model import FileChange, Job, JobState, Level
@@ -107,6 +114,33 @@ class QuietBot:
         self.findings = FindingStore(store.engine)
         self.pipeline = ReviewPipeline(store, forges, self.book, quiet=QuietPosting(self.findings))
         self.backend = SimulatedBackend()
+        self.commands = CommandWorker(store, forges=forges, policies=self.book, clock=clock)
+
+    async def command(self, pull: EmulatedPull, body: str) -> None:
+        """A slash command commented by the PR's author on GitHub, executed by the worker."""
+        comment_id = self.emulator.state.add_issue_comment(
+            pull.repo, pull.number, user=pull.author, body=body
+        )
+        payload = build_github_issue_comment_event(
+            load_fixture("github", "issue_comment.created.on_pull_request.json"),
+            body=body,
+            repo=pull.repo,
+            number=pull.number,
+            author=pull.author,
+            author_type="User",
+            comment_id=comment_id,
+            installation_id=1,
+        )
+        answer = await send_webhook(
+            str(self.server.make_url("/webhooks/github")),
+            "github",
+            "issue_comment",
+            payload,
+            SECRET,
+        )
+        assert answer.status in (200, 202), answer.body
+        while await self.commands.run_once():
+            pass
 
     async def send(self, pull: EmulatedPull, *, action: str, before: str | None = None) -> int:
         """Deliver the pull request event the forge sends for its newest head; the job id."""
@@ -286,6 +320,11 @@ HEAD_TREE = {**BASE_TREE, **{f"app/steps/step_{i}.py": module(i) for i in range(
 SMELL = "def run(command: str) -> object:\n    return eval(command)\n"
 
 
+def pull_tree(state: Any, pull: EmulatedPull) -> dict[str, str]:
+    """The tree of the pull request's newest head."""
+    return dict(history_of(state).commits[pull.newest.head_sha].tree)
+
+
 async def chunk_paths(store: QueueStore, job_id: int) -> set[str]:
     return {
         str(file["path"]) for chunk in await store.chunk_results(job_id) for file in chunk.files
@@ -347,7 +386,15 @@ async def test_pushes_are_reviewed_incrementally_and_a_force_push_in_full_with_i
     [summary] = summaries(emulator, pull)
     assert "full review: history was rewritten" in summary["body"]
     assert inline_bodies(emulator, pull) == [smell]
-    assert summary_edits(emulator, pull) == 4
+
+    # An empty rebase onto a base that moved elsewhere: reviewed in full, nothing said twice.
+    moved_base = {**BASE_TREE, "app/core.py": BASE_TREE["app/core.py"] + "# upstream\n"}
+    rebased_tree = {**pull_tree(state, pull), "app/core.py": moved_base["app/core.py"]}
+    rebased = await push(rebased_tree, base=moved_base)
+    assert len(await chunk_paths(store, rebased.id)) == 43  # core.py is the base's, not the PR's
+    assert inline_bodies(emulator, pull) == [smell]
+    assert len(summaries(emulator, pull)) == 1
+    assert summary_edits(emulator, pull) == 5
 
 
 @pytest.mark.parametrize("forge", ["github", "gitlab"])
@@ -409,3 +456,31 @@ async def test_repository_settings_shape_the_review_and_a_broken_file_is_named_o
     job = await store.get_job(skipped)
     assert job is not None and job.state == JobState.CANCELLED
     assert "automatic reviews are off" in str(job.last_error)
+
+
+async def test_review_full_reviews_everything_and_review_only_what_changed(
+    bot: QuietBot, emulator: ForgeEmulator, store: QueueStore
+) -> None:
+    state = emulator.state
+    pull = open_pull_from_trees(state, "github", "acme/shop", 12, base=BASE_TREE, head=HEAD_TREE)
+    await bot.send(pull, action="opened")
+    await bot.review()
+    push_tree(state, "github", "acme/shop", 12, {**HEAD_TREE, "app/run.py": SMELL})
+    await bot.send(pull, action="synchronize")
+    await bot.review()
+    [smell] = inline_bodies(emulator, pull)
+
+    await bot.command(pull, "/review")  # nothing changed since: an empty increment
+    await bot.review()
+    again = await store.find_job(forge="github", repo="acme/shop", number=12)
+    assert again is not None and again.state == JobState.DONE and again.chunks_total == 0
+    assert again.request["increment"]["mode"] == "incremental"
+
+    await bot.command(pull, "/review full")
+    await bot.review()
+    full = await store.find_job(forge="github", repo="acme/shop", number=12)
+    assert full is not None and full.id != again.id and full.state == JobState.DONE
+    assert len(await chunk_paths(store, full.id)) == 42
+    [summary] = summaries(emulator, pull)
+    assert "full review: a full review was asked for" in summary["body"]
+    assert inline_bodies(emulator, pull) == [smell]

@@ -24,7 +24,8 @@ DEFAULT_P0_TRIGGER = "a policy trigger (a change into a hotfix branch)"
 HELP_TEXT = "\n".join(
     [
         "Commands, one per line in a PR comment:",
-        "- `/review`: review the newest commit now (again, if it was reviewed already)",
+        "- `/review`: review the newest commit now: what changed since the last review",
+        "- `/review full`: review the whole pull request again, not only what changed",
         "- `/review priority p1|p2|p3`: move this PR's queued review to that level",
         "- `/review cancel`: cancel this PR's queued review",
         "- `/review status`: level, why, place in queue, estimated start, wait so far",

@@ -23,8 +23,8 @@ _WORD = re.compile(r"[a-z0-9]+", re.ASCII | re.I)
 _FENCE = re.compile(r"[ \t]{0,3}(```|~~~)")
 
 HELP_TEXT = (
-    "Commands (one per line): `/review` (review the newest commit), "
-    "`/review priority p1|p2|p3`, `/review cancel`, `/review status`, `/review help`."
+    "Commands (one per line): `/review` (review what changed since the last review), "
+    "`/review full`, `/review priority p1|p2|p3`, `/review cancel`, `/review status`, `/review help`."
 )
 
 
@@ -103,6 +103,8 @@ def _parse_arguments(rest: str | None, *, raw: str, line: int) -> ParsedCommand 
     verb = lowered[0]
     if verb in ("cancel", "status", "help") and len(lowered) == 1:
         return ParsedCommand(verb=verb, argument=None, raw=raw, line=line)
+    if verb == "full" and len(lowered) == 1:  # a review of the whole PR, not the increment
+        return ParsedCommand(verb="review", argument="full", raw=raw, line=line)
     if verb == "priority":
         if len(lowered) == 2 and lowered[1] in PRIORITY_ARGUMENTS:
             return ParsedCommand(verb="priority", argument=lowered[1].upper(), raw=raw, line=line)

@@ -481,7 +481,12 @@ class CommandWorker:
             now=now,
             dedupe_key=key,
             actor=command.author,
-            extra={"requested_by": command.author, "command_comment_id": command.comment_id},
+            extra={
+                "requested_by": command.author,
+                "command_comment_id": command.comment_id,
+                # `/review full`: the whole PR, not what changed since the last review.
+                "review_mode": "full" if command.argument == "full" else "incremental",
+            },
         )
         level = submitted.level if submitted.level is not None else result_decision.level
         text = (
