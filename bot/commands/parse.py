@@ -24,7 +24,8 @@ _FENCE = re.compile(r"[ \t]{0,3}(```|~~~)")
 
 HELP_TEXT = (
     "Commands (one per line): `/review` (review what changed since the last review), "
-    "`/review full`, `/review priority p1|p2|p3`, `/review cancel`, `/review status`, `/review help`."
+    "`/review full`, `/review priority p1|p2|p3`, `/review cancel`, `/review status`, "
+    "`/review help`."
 )
 
 
