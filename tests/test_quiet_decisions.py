@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from bot.commands.parse import parse_commands
 from bot.model import FileChange
 from bot.review.assemble import SkippedFile
 from bot.review.fingerprint import FingerprintedFinding, fingerprint_findings
-from bot.review.increment import level_note, narrow_by_compare, narrow_by_versions
+from bot.review.increment import UNCHANGED, level_note, narrow_by_compare, narrow_by_versions
 from bot.review.living_summary import (
     SUMMARY_MARKER,
     ListedFinding,
@@ -152,7 +153,10 @@ def test_the_living_summary_says_what_was_covered_how_findings_stand_and_why() -
             resolved=[gone],
             open_findings=[new, quiet, old],
             repeated=1,
-            skipped=[SkippedFile("package-lock.json", "lock_file")],
+            skipped=[
+                SkippedFile("package-lock.json", "lock_file"),
+                *(SkippedFile(f"app/m{i}.py", UNCHANGED) for i in range(40)),
+            ],
             commits=[
                 ReviewedCommit("1234567890abcdef", "full"),
                 ReviewedCommit("abcdef12", "incremental"),
@@ -170,6 +174,7 @@ def test_the_living_summary_says_what_was_covered_how_findings_stand_and_why() -
     still_open = text.split("#### Still open from earlier reviews")[1].split("####")[0]
     assert "A credential" in still_open and "eval" not in still_open
     assert "`package-lock.json`: lock file" in text
+    assert "- 40 files unchanged since the last review" in text and "app/m7.py" not in text
     assert "`1234567890ab` (full), `abcdef12` (incremental)" in text
 
 
@@ -232,3 +237,11 @@ def test_a_diff_version_keeps_the_hunks_the_old_version_did_not_show() -> None:
     assert increment.unchanged == ("app/b.py",)
     note = level_note(increment)
     assert note is not None and "1 file(s), 1 changed line(s)" in note
+
+
+def test_review_full_is_a_review_command_with_its_argument() -> None:
+    [command] = parse_commands("/review full").commands
+    assert (command.verb, command.argument) == ("review", "full")
+    [plain] = parse_commands("/review").commands
+    assert (plain.verb, plain.argument) == ("review", None)
+    assert parse_commands("/review fully").errors

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bot.review.assemble import SKIP_REASON_TEXT, SkippedFile, code
+from bot.review.increment import UNCHANGED
 from bot.review.parse import SEVERITY_RANK
 
 # The hidden marker that finds the summary again (after a crash, or from another process).
@@ -107,11 +108,19 @@ def render_living_summary(facts: SummaryFacts) -> str:
     still_open = [item for item in facts.open_findings if item not in set(facts.new)]
     if still_open:
         lines += ["", "#### Still open from earlier reviews", *_listed(still_open)]
-    if facts.skipped:
+    # Files the increment left alone are many and say little one by one: counted, not listed.
+    unchanged = [item for item in facts.skipped if item.reason == UNCHANGED]
+    skipped = [item for item in facts.skipped if item.reason != UNCHANGED]
+    if skipped or unchanged:
         lines += ["", "#### Skipped"]
-        for skipped in facts.skipped:
-            reason = SKIP_REASON_TEXT.get(skipped.reason, skipped.reason)
-            lines.append(f"- {code(skipped.path)}: {reason}")
+        for item in skipped[:MAX_LISTED]:
+            reason = SKIP_REASON_TEXT.get(item.reason, item.reason)
+            lines.append(f"- {code(item.path)}: {reason}")
+        if len(skipped) > MAX_LISTED:
+            lines.append(f"- and {len(skipped) - MAX_LISTED} more")
+        if unchanged:
+            word = "file" if len(unchanged) == 1 else "files"
+            lines.append(f"- {len(unchanged)} {word} {UNCHANGED}")
     if facts.commits:
         reviewed = ", ".join(f"`{c.head_sha[:12]}` ({c.mode})" for c in facts.commits)
         lines += ["", f"**Commits reviewed:** {reviewed}."]
