@@ -13,16 +13,11 @@ from bot.llm.base import LLMBackend
 from bot.obs.metrics import Metrics
 from bot.policy import PolicyBook
 from bot.queue.store import QueueStore
+from bot.review.engine import RequestBuilder, chunk_reviewer, default_request
 from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings, ReviewPipeline
 from bot.review.quiet_post import QuietPosting
-from bot.sched.dispatcher import (
-    ChunkPreempted,
-    Dispatcher,
-    DispatcherSettings,
-    RequestBuilder,
-    default_request,
-)
+from bot.sched.dispatcher import ChunkPreempted, Dispatcher, DispatcherSettings
 from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import ServiceEstimator
 
@@ -67,12 +62,11 @@ def build_pipeline(
         store,
         backend,
         plan_jobs=reviews.plan_jobs,
+        reviewer=chunk_reviewer(backend, build_request=build_request, instructions=instructions),
         settings=dispatcher,
         clock=clock,
-        build_request=build_request,
         on_job_complete=reviews.job_completed,
         estimator=estimator,
-        instructions=instructions,
         metrics=metrics,
         on_preempt=on_preempt,
         engines=engines,

@@ -15,6 +15,7 @@ from bot.app import create_app, create_worker_app
 from bot.clock import SystemClock
 from bot.config import Settings, check_scheduler_settings
 from bot.db import is_database_unavailable, upgrade_database
+from bot.engine_setup import engine_pool_for, served_line_budget
 from bot.errors import ConfigError
 from bot.forges.registry import ForgeRegistry, build_forges, configured_forges
 from bot.llm.base import LLMBackend
@@ -28,7 +29,6 @@ from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
 from bot.review.quiet_post import quiet_posting
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
-from bot.sched.engine_setup import engine_pool_for, served_line_budget
 from bot.status.eta import Capacity
 from bot.status.publisher import StatusPublisher, StatusSettings
 

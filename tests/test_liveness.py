@@ -28,6 +28,7 @@ from bot.obs.liveness import (
 )
 from bot.obs.metrics import Metrics
 from bot.queue.store import QueueStore
+from bot.review.engine import chunk_reviewer
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.presence import Presence, backend_engines
 from tests.factories import decide, make_request
@@ -113,10 +114,12 @@ async def test_heartbeats_come_and_go(store: QueueStore, clock: VirtualClock) ->
 
 async def test_a_running_dispatcher_beats_and_says_goodbye(store: QueueStore, db_url: str) -> None:
     clock = VirtualClock()
+    backend = SimulatedBackend()
     dispatcher = Dispatcher(
         store,
-        SimulatedBackend(),
+        backend,
         plan_jobs=_plan_nothing,
+        reviewer=chunk_reviewer(backend),
         settings=DispatcherSettings(owner="dispatch-test", slots=3, heartbeat_s=0.05, poll_s=0.05),
         clock=clock,
     )

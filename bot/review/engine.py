@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bot.diff import commentable_positions, file_lines, file_value
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
+from bot.model import Job
+from bot.queue.store import Leased
 from bot.review.parse import (
     MAX_BODY_CHARS,
     MAX_FINDINGS_PER_CHUNK,
@@ -19,6 +21,7 @@ from bot.review.parse import (
     parse_review,
 )
 from bot.review.prompts import build_messages, review_schema
+from bot.review.repo_settings import chunk_instructions
 
 logger = logging.getLogger(__name__)
 
@@ -194,3 +197,50 @@ async def review_chunk(
         workers=tuple(workers),
         lines=lines,
     )
+
+
+RequestBuilder = Callable[[Job | None, Leased], Awaitable[LLMRequest]]
+ChunkReviewer = Callable[[Job | None, Leased, str | None], Awaitable[ChunkReview]]
+
+
+async def default_request(job: Job | None, leased: Leased) -> LLMRequest:
+    """The chunk's prompt from its stored files (the review engine's message format)."""
+    chunk = leased.chunk
+    return LLMRequest(
+        messages=build_messages(chunk.files),
+        priority=int(chunk.level),
+        metadata={
+            "job_id": chunk.job_id,
+            "chunk_id": chunk.id,
+            "lines": chunk.lines,
+            "total_lines": job.total_lines if job is not None else chunk.lines,
+            "attempt": chunk.attempts,
+        },
+    )
+
+
+def chunk_reviewer(
+    backend: LLMBackend,
+    *,
+    build_request: RequestBuilder = default_request,
+    instructions: str | None = None,
+) -> ChunkReviewer:
+    """What the dispatcher runs for a leased chunk: prompt, call and parse it (one stricter
+    retry on malformed output), with the server's and the repository's instructions, on the
+    engine (LLM server) the chunk's lease names when there is one."""
+
+    async def review(job: Job | None, leased: Leased, engine: str | None = None) -> ChunkReview:
+        chunk = leased.chunk
+        request = await build_request(job, leased)
+        metadata = request.metadata
+        if engine is not None:
+            metadata = {**metadata, "engine": engine}
+        return await review_chunk(
+            backend,
+            chunk.files,
+            level=int(chunk.level),
+            metadata=metadata,
+            instructions=chunk_instructions(job, chunk.files, instructions),
+        )
+
+    return review

@@ -8,19 +8,16 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from bot.clock import Clock
 from bot.config import SchedulerSettings
 from bot.errors import LeaseLost, LLMError, LLMRequestRejected, StoreError
-from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
+from bot.llm.base import LLMBackend, LLMResponse
 from bot.model import LEVELS, Job, JobState, Level
 from bot.obs.metrics import Metrics
 from bot.outage import OutageWatch
 from bot.queue.store import ChunkOutcome, Leased, QueueStore
-from bot.review.engine import ChunkReview, review_chunk
-from bot.review.planner import PlanningOutcome
-from bot.review.repo_settings import chunk_instructions
 from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
@@ -50,14 +47,52 @@ def install_signal_handlers(dispatcher: Dispatcher) -> None:
         loop.add_signal_handler(signal_number, dispatcher.stop)
 
 
-RequestBuilder = Callable[[Job | None, Leased], Awaitable[LLMRequest]]
+class CallUsage(Protocol):
+    """Tokens and time one chunk's LLM calls took."""
+
+    @property
+    def latency_s(self) -> float: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def gpu_seconds(self) -> float: ...
+
+
+class ReviewedChunk(Protocol):
+    """What reviewing one chunk hands back to be stored (bot.review.engine.ChunkReview)."""
+
+    @property
+    def gpu_seconds(self) -> float: ...
+    @property
+    def usage(self) -> CallUsage: ...
+    def to_result(self) -> Mapping[str, Any]: ...
+
+
+class PlannedJob(Protocol):
+    """What planning did to one job, as far as ranking its chunks goes (bot.review.planner)."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def result(self) -> str: ...
+    @property
+    def chunk_lines(self) -> tuple[int, ...]: ...
+    @property
+    def ranks(self) -> tuple[float, ...]: ...
+
+
+# Reviews one leased chunk (prompt, LLM call, parse) on the named engine, if any: the review
+# side, injected by the pipeline.
+ChunkReviewer = Callable[[Job | None, Leased, str | None], Awaitable[ReviewedChunk]]
 JobCompleted = Callable[[int, datetime], Awaitable[None]]
 # Told of a running chunk the dispatcher took back for P0 work (the replay drops its completion).
 ChunkPreempted = Callable[[Leased, datetime], Awaitable[None]]
 # Plans pending jobs (bot.review.planner through the pipeline: the diff fetched and chunked,
 # forge errors retried or ending the job); gets the current estimator for the ranks, returns
 # what it did to each job (a planned job's chunk sizes and ranks among it).
-PlanJobs = Callable[[datetime, ServiceEstimator], Awaitable[Sequence[PlanningOutcome]]]
+PlanJobs = Callable[[datetime, ServiceEstimator], Awaitable[Sequence[PlannedJob]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,24 +156,6 @@ class _Load:
     running_long: int
 
 
-async def default_request(job: Job | None, leased: Leased) -> LLMRequest:
-    """The chunk's prompt from its stored files (the review engine's message format)."""
-    from bot.review.prompts import build_messages
-
-    chunk = leased.chunk
-    return LLMRequest(
-        messages=build_messages(chunk.files),
-        priority=int(chunk.level),
-        metadata={
-            "job_id": chunk.job_id,
-            "chunk_id": chunk.id,
-            "lines": chunk.lines,
-            "total_lines": job.total_lines if job is not None else chunk.lines,
-            "attempt": chunk.attempts,
-        },
-    )
-
-
 class Dispatcher:
     """N worker slots over one queue store; decisions come from bot.sched.mlfq."""
 
@@ -148,12 +165,11 @@ class Dispatcher:
         backend: LLMBackend,
         *,
         plan_jobs: PlanJobs,
+        reviewer: ChunkReviewer,
         settings: DispatcherSettings,
         clock: Clock,
-        build_request: RequestBuilder = default_request,
         on_job_complete: JobCompleted | None = None,
         estimator: ServiceEstimator | None = None,
-        instructions: str | None = None,
         metrics: Metrics | None = None,
         on_preempt: ChunkPreempted | None = None,
         engines: EnginePool | None = None,
@@ -165,10 +181,9 @@ class Dispatcher:
         self.backend = backend
         self.settings = settings
         self.clock = clock
-        self.build_request = build_request
+        self.reviewer = reviewer
         self.on_job_complete = on_job_complete
         self.plan_jobs = plan_jobs
-        self.instructions = instructions
         self.metrics = metrics
         self.estimator = estimator or ServiceEstimator.with_prior()
         self.held: dict[int, Leased] = {}
@@ -185,7 +200,7 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         # Live mode: the LLM call of each running chunk, so preemption can cancel it.
         self._live = False
-        self._calls: dict[int, asyncio.Task[ChunkReview]] = {}
+        self._calls: dict[int, asyncio.Task[ReviewedChunk]] = {}
         self._preempted: set[int] = set()
         self._next_maintenance = 0.0
         self._started: set[int] = set()  # live mode: chunks whose task was started
@@ -740,21 +755,10 @@ class Dispatcher:
             now=self.clock.now(),
         )
 
-    async def review(self, job: Job | None, leased: Leased) -> ChunkReview:
-        """Prompt, call and parse one chunk (one stricter retry on malformed output)."""
-        chunk = leased.chunk
-        request = await self.build_request(job, leased)
-        metadata = request.metadata
-        engine = self.engines.engine_of(chunk.id) if self.engines is not None else None
-        if engine is not None:
-            metadata = {**metadata, "engine": engine}
-        return await review_chunk(
-            self.backend,
-            chunk.files,
-            level=int(chunk.level),
-            metadata=metadata,
-            instructions=chunk_instructions(job, chunk.files, self.instructions),
-        )
+    async def review(self, job: Job | None, leased: Leased) -> ReviewedChunk:
+        """Review one chunk through the injected reviewer, on the engine its lease names."""
+        engine = self.engines.engine_of(leased.chunk.id) if self.engines is not None else None
+        return await self.reviewer(job, leased, engine)
 
     def presence(self) -> Presence:
         """This dispatcher's row in `dispatchers`: its slots, running chunks and engines."""
@@ -919,10 +923,12 @@ def level_counts(values: Mapping[Level, int]) -> str:
 
 __all__ = [
     "SCHEDULING_POLICIES",
+    "ChunkReviewer",
     "Dispatcher",
     "DispatcherSettings",
+    "PlannedJob",
+    "ReviewedChunk",
     "SchedulingPolicy",
-    "default_request",
     "install_signal_handlers",
     "level_counts",
     "settings_for",
