@@ -27,7 +27,7 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import FileChange, JobState, ReviewRequest
 from bot.policy import evaluate, load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.planner import plan_next_jobs
+from bot.review.planner import claim_and_plan_jobs
 from bot.review.poster import post_job_review
 from tests.conftest import shared_dir
 from tests.pipeline_helpers import (
@@ -166,7 +166,7 @@ async def test_old_gitlab_that_serves_neither_diffs_nor_changes_fails_the_job_wi
     job_id = await submitted_job(store, emulator, clock)
 
     book = load_policy_book(DEFAULT_POLICY_DIR)
-    [outcome] = await plan_next_jobs(store, forges, book, now=clock.now())
+    [outcome] = await claim_and_plan_jobs(store, forges, book, now=clock.now())
 
     assert outcome.result == "failed", outcome
     job = await store.get_job(job_id)
@@ -181,7 +181,7 @@ async def test_a_404_on_the_notes_of_an_existing_mr_fails_the_post_instead_of_ca
     emulator.state.add_pull("gitlab", REPO, 7, files=[SMELLY])
     job_id = await submitted_job(store, emulator, clock)
     book = load_policy_book(DEFAULT_POLICY_DIR)
-    assert [o.result for o in await plan_next_jobs(store, forges, book, now=clock.now())] == [
+    assert [o.result for o in await claim_and_plan_jobs(store, forges, book, now=clock.now())] == [
         "planned"
     ]
     await run_all_chunks(store, SimulatedBackend(), clock)
@@ -224,7 +224,7 @@ async def test_a_404_on_the_reviews_of_an_existing_pull_request_fails_instead_of
         request, evaluate(book.policy_for(pull.repo), request), now=clock.now()
     )
     assert submitted.job_id is not None
-    assert [o.result for o in await plan_next_jobs(store, forges, book, now=clock.now())] == [
+    assert [o.result for o in await claim_and_plan_jobs(store, forges, book, now=clock.now())] == [
         "planned"
     ]
     await run_all_chunks(store, SimulatedBackend(), clock)

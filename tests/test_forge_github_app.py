@@ -23,7 +23,7 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import JobState, ReviewRequest
 from bot.policy import evaluate, load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.planner import plan_next_jobs
+from bot.review.planner import claim_and_plan_jobs
 from bot.review.poster import post_job_review
 from tests.conftest import shared_dir
 from tests.pipeline_helpers import SMELLY, forge_settings, run_all_chunks
@@ -112,7 +112,7 @@ async def test_the_installation_from_the_webhook_serves_planning_and_posting(
     )
     options = ForgeOptions(retry=RetryPolicy(attempts=1), post_interval_s=0.0)
     async with build_forges(settings, clock=clock.now, sleep=clock.sleep, options=options) as one:
-        assert [o.result for o in await plan_next_jobs(store, one, book, now=clock.now())] == [
+        assert [o.result for o in await claim_and_plan_jobs(store, one, book, now=clock.now())] == [
             "planned"
         ]
     await run_all_chunks(store, SimulatedBackend(), clock)

@@ -13,7 +13,7 @@ from bot.forges.registry import ForgeRegistry
 from bot.model import JobState, Level
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.planner import PlanningSettings, plan_next_jobs
+from bot.review.planner import PlanningSettings, claim_and_plan_jobs
 from bot.sched.mlfq import CONTINUATION_RANK_OFFSET
 from tests.pipeline_helpers import (
     IMAGE,
@@ -61,7 +61,7 @@ async def test_github_diff_is_chunked_without_lock_and_binary_files(
     pull = emulator.state.add_pull("github", "acme/shop", 5, files=[*code, LOCK, IMAGE, SMELLY])
     job_id = await submit(store, book, clock, request_for(pull))
 
-    outcomes = await plan_next_jobs(store, forges, book, now=clock.now(), limit=10)
+    outcomes = await claim_and_plan_jobs(store, forges, book, now=clock.now(), limit=10)
 
     assert [(o.job_id, o.result) for o in outcomes] == [(job_id, "planned")]
     job = await store.get_job(job_id)
@@ -94,7 +94,7 @@ async def test_ranks_put_first_chunks_ahead_of_continuations(
     )
     big_id = await submit(store, book, clock, request_for(big))
     small_id = await submit(store, book, clock, request_for(small))
-    await plan_next_jobs(store, forges, book, now=clock.now())
+    await claim_and_plan_jobs(store, forges, book, now=clock.now())
 
     from sqlalchemy import text
 
@@ -131,7 +131,7 @@ async def test_gitlab_sizes_are_known_after_the_diff_and_move_the_level(
     before = await store.get_job(job_id)
     assert before is not None and before.level == Level.P1
 
-    outcomes = await plan_next_jobs(store, forges, book, now=clock.now())
+    outcomes = await claim_and_plan_jobs(store, forges, book, now=clock.now())
 
     assert outcomes[0].result == "planned"
     job = await store.get_job(job_id)
@@ -160,7 +160,7 @@ async def test_a_missing_pull_request_cancels_the_job_with_the_reason(
     job_id = await submit(store, book, clock, request_for(pull))
     del emulator.state.pulls[("github", "acme/shop", 3)]
 
-    outcomes = await plan_next_jobs(store, forges, book, now=clock.now())
+    outcomes = await claim_and_plan_jobs(store, forges, book, now=clock.now())
 
     assert outcomes[0].result == "cancelled"
     job = await store.get_job(job_id)
@@ -180,16 +180,16 @@ async def test_a_failing_forge_defers_planning_then_it_succeeds(
     emulator.state.add_fault("github.files", Fault.server_error(502))
     settings = PlanningSettings(backoff_s=20.0)
 
-    first = await plan_next_jobs(store, forges, book, now=clock.now(), settings=settings)
+    first = await claim_and_plan_jobs(store, forges, book, now=clock.now(), settings=settings)
     assert first[0].result == "deferred"
     job = await store.get_job(job_id)
     assert job is not None and not job.planned and job.state == JobState.QUEUED
     assert job.last_error is not None and "502" in job.last_error
     # Not due yet: the backoff holds it back.
     clock.advance(10)
-    assert await plan_next_jobs(store, forges, book, now=clock.now(), settings=settings) == []
+    assert await claim_and_plan_jobs(store, forges, book, now=clock.now(), settings=settings) == []
     clock.advance(11)
-    again = await plan_next_jobs(store, forges, book, now=clock.now(), settings=settings)
+    again = await claim_and_plan_jobs(store, forges, book, now=clock.now(), settings=settings)
     assert [o.result for o in again] == ["planned"]
     assert len(await store.chunk_results(job_id)) == 1
 
@@ -209,7 +209,9 @@ async def test_planning_gives_up_after_its_attempts_and_fails_with_the_error(
     for _ in range(5):
         results += [
             o.result
-            for o in await plan_next_jobs(store, forges, book, now=clock.now(), settings=settings)
+            for o in await claim_and_plan_jobs(
+                store, forges, book, now=clock.now(), settings=settings
+            )
         ]
         clock.advance(60)
     assert results == ["deferred", "deferred", "failed"]

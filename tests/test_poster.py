@@ -16,7 +16,7 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import JobState
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.planner import plan_next_jobs
+from bot.review.planner import claim_and_plan_jobs
 from bot.review.poster import PostingSettings, build_review, post_job_review, post_unposted
 from tests.pipeline_helpers import (
     LOCK,
@@ -59,7 +59,7 @@ async def reviewed_job(
         request, evaluate(book.policy_for(request.repo), request), now=clock.now()
     )
     assert result.job_id is not None
-    planned = await plan_next_jobs(store, forges, book, now=clock.now())
+    planned = await claim_and_plan_jobs(store, forges, book, now=clock.now())
     assert [o.result for o in planned] == ["planned"]
     completed = await run_all_chunks(store, SimulatedBackend(), clock)
     assert completed == [result.job_id]

@@ -17,7 +17,7 @@ from bot.model import LEVELS, ChunkState, JobState
 from bot.pipeline import build_pipeline
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.planner import PlanningSettings, plan_next_jobs
+from bot.review.planner import PlanningSettings, claim_and_plan_jobs
 from bot.review.poster import PostingSettings, ReviewPipeline
 from bot.sched.dispatcher import DispatcherSettings
 from tests.pipeline_helpers import SMELLY, emulator_forges, emulator_state, request_for
@@ -62,9 +62,9 @@ async def test_a_planning_claim_keeps_other_planners_off_until_its_lease_runs_ou
     assert len(dead) == 2
     survivor = PlanningSettings(lease_s=LEASE_S, owner="survivor")
     clock.advance(LEASE_S - 0.5)
-    assert await plan_next_jobs(store, forges, book, now=clock.now(), settings=survivor) == []
+    assert await claim_and_plan_jobs(store, forges, book, now=clock.now(), settings=survivor) == []
     clock.advance(1.0)
-    outcomes = await plan_next_jobs(store, forges, book, now=clock.now(), settings=survivor)
+    outcomes = await claim_and_plan_jobs(store, forges, book, now=clock.now(), settings=survivor)
     assert [(o.job_id, o.result) for o in outcomes] == [(job.id, "planned") for job in dead]
     # Planned jobs are never claimed again.
     clock.advance(LEASE_S * 2)
@@ -131,7 +131,7 @@ async def test_each_heartbeat_reclaims_the_chunks_of_a_dead_dispatcher(
     await store.submit_request(
         request, evaluate(book.policy_for(request.repo), request), now=clock.now()
     )
-    await plan_next_jobs(store, forges, book, now=clock.now())
+    await claim_and_plan_jobs(store, forges, book, now=clock.now())
     leased = await store.fetch_chunk(levels=LEVELS, owner="dead", now=clock.now(), lease_s=LEASE_S)
     assert leased is not None
     survivor = build_pipeline(

@@ -296,7 +296,7 @@ async def _defer_or_fail(
     return PlanningOutcome(job.id, result, detail=detail)
 
 
-async def plan_next_jobs(
+async def claim_and_plan_jobs(
     store: QueueStore,
     forges: Mapping[str, ForgeClient],
     policy: PolicyBook | None,
@@ -342,7 +342,7 @@ __all__ = [
     "PlanningSettings",
     "ReviewPlan",
     "build_review_plan",
-    "plan_next_jobs",
+    "claim_and_plan_jobs",
     "plan_one_job",
     "reevaluate",
     "request_of",

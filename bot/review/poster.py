@@ -32,7 +32,7 @@ from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, s
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.narrow import IncrementNarrower
 from bot.review.parse import parse_review
-from bot.review.planner import PlanningOutcome, PlanningSettings, plan_next_jobs
+from bot.review.planner import PlanningOutcome, PlanningSettings, claim_and_plan_jobs
 from bot.sched.mlfq import ServiceEstimator
 
 if TYPE_CHECKING:
@@ -303,7 +303,7 @@ class ReviewPipeline:
 
     async def plan_jobs(self, now: datetime, estimator: ServiceEstimator) -> list[PlanningOutcome]:
         """Plan pending jobs (the dispatcher's `plan_jobs`); jobs with nothing to review post."""
-        outcomes = await plan_next_jobs(
+        outcomes = await claim_and_plan_jobs(
             self.store,
             self.forges,
             self.policy,

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from bot.clock import Clock
 from bot.config import SchedulerSettings
 from bot.errors import LeaseLost, LLMError, LLMRequestRejected, StoreError
-from bot.llm.base import LLMBackend, LLMResponse
+from bot.llm.base import LLMBackend
 from bot.model import LEVELS, Job, JobState, Level
 from bot.obs.metrics import Metrics
 from bot.outage import OutageWatch
@@ -221,7 +221,7 @@ class Dispatcher:
         """Ranks for a new job's chunks from the current estimator."""
         return rank_chunks(chunk_lines, estimator=self.estimator)
 
-    async def plan_pending(self, now: datetime) -> int:
+    async def plan_unplanned_jobs(self, now: datetime) -> int:
         """Plan jobs whose diff is not chunked yet; returns how many jobs planning handled.
 
         The chunk sizes and ranks of what was planned stay in the per-job record, so the
@@ -483,18 +483,7 @@ class Dispatcher:
             self.jobs[job_id] = facts
         return facts
 
-    async def complete(
-        self, leased: Leased, response: LLMResponse, now: datetime
-    ) -> ChunkOutcome | None:
-        """Store a raw backend answer (the replay's path); see complete_review."""
-        return await self.complete_review(
-            leased,
-            gpu_seconds=response.gpu_seconds,
-            result={"text": response.text, "worker": response.worker},
-            now=now,
-        )
-
-    async def complete_review(
+    async def finish_chunk(
         self,
         leased: Leased,
         *,
@@ -705,7 +694,7 @@ class Dispatcher:
                 exc,
                 extra={"action": "chunk_refused", "job_id": leased.chunk.job_id},
             )
-            await self.complete_review(
+            await self.finish_chunk(
                 leased,
                 gpu_seconds=0.0,
                 result={"status": "failed", "error": f"the model server refused it: {exc}"},
@@ -748,7 +737,7 @@ class Dispatcher:
             usage = review.usage
             self.metrics.observe_chunk(self.settings.owner, gpu_seconds)
             self.metrics.observe_llm(usage.latency_s, usage.prompt_tokens, usage.completion_tokens)
-        await self.complete_review(
+        await self.finish_chunk(
             leased,
             gpu_seconds=gpu_seconds,
             result=review.to_result(),
@@ -825,7 +814,7 @@ class Dispatcher:
         if loop.time() >= self._next_maintenance:
             await self.maintain(self.clock.now())
             self._next_maintenance = loop.time() + self.settings.maintenance_s
-        await self.plan_pending(self.clock.now())
+        await self.plan_unplanned_jobs(self.clock.now())
         # Read the clock again: work submitted while we planned must not appear to
         # start before it arrived.
         try:

@@ -212,11 +212,11 @@ async def replay_trace(
                 else:
                     done, review = payload
                     running.pop(done.chunk.id, None)
-                    await dispatcher.complete_review(
+                    await dispatcher.finish_chunk(
                         done, gpu_seconds=review.gpu_seconds, result=review.to_result(), now=now
                     )
             if arrived:
-                while await dispatcher.plan_pending(now):
+                while await dispatcher.plan_unplanned_jobs(now):
                     pass
                 if eta is not None:
                     await eta.observe(now)
