@@ -9,8 +9,11 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from bot.clock import VirtualClock
 from bot.forges.emulator import EmulatorState, ForgeEmulator
 from bot.forges.emulator_quiet import open_pull_from_trees, push_tree, set_default_file
+from bot.forges.quiet import quiet_forge_for
+from tests.pipeline_helpers import GITHUB_TOKEN, emulator_forges
 from tests.test_emulator import call, load_shared_json, response_schema, schema_errors
 
 REPO = "acme/shop"
@@ -123,3 +126,22 @@ async def test_gitlab_merge_base_versions_files_note_edits_and_resolution(
         http, "PUT", f"{mr}/discussions/nope", body={"resolved": True}, headers=GITLAB
     )
     assert missing == 404
+
+
+async def test_a_compare_over_githubs_file_limit_means_a_full_review(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    state = emulator.state
+    state.github_tokens.add(GITHUB_TOKEN)
+    base = {f"app/m{i}.py": f"x = {i}\n" for i in range(320)}
+    head = {path: text + "y = 1\n" for path, text in base.items()}
+    pull = open_pull_from_trees(state, "github", REPO, 5, base=base, head=head)
+    first = pull.newest.head_sha
+    push_tree(state, "github", REPO, 5, {path: text + "z = 2\n" for path, text in head.items()})
+    async with emulator_forges(emulator, clock) as forges:
+        quiet = quiet_forge_for(forges["github"])
+        assert quiet is not None
+        changes = await forges["github"].fetch_changes(REPO, 5)
+        increment = await quiet.increment_since(REPO, 5, since=first, changes=changes)
+    assert increment.mode == "full" and "compare file limit" in increment.reason
+    assert len(increment.files) == 320

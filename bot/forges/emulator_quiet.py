@@ -296,7 +296,8 @@ async def _github_compare(ctx: _Context) -> Any:
         "behind_by": behind_by,
         "total_commits": ahead_by,
         "commits": [_commit_json(ctx.state, repo, commit) for commit in commits],
-        "files": [_github_file(pull_like, item) for item in files] if pull_like else [],
+        # GitHub lists at most 300 files of a compare.
+        "files": [_github_file(pull_like, item) for item in files[:300]] if pull_like else [],
     }
 
 

@@ -24,6 +24,9 @@ from bot.review.living_summary import SUMMARY_MARKER
 
 log = logging.getLogger(__name__)
 
+# GitHub's compare lists at most this many files.
+COMPARE_FILE_LIMIT = 300
+
 
 @dataclass(frozen=True, slots=True)
 class SummaryComment:
@@ -182,9 +185,14 @@ class GitHubQuiet:
             answer = await self.client._call("compare", compare, repo=repo)
         except ForgeNotFound:
             return full_review(changes.files, f"`{since[:12]}` is gone from the repository")
+        files = answer.get("files") or ()
+        if len(files) >= COMPARE_FILE_LIMIT:
+            # Files past GitHub's limit are not listed: they would look unchanged.
+            reason = f"the change since `{since[:12]}` is over GitHub's compare file limit"
+            return full_review(changes.files, reason)
         compared = {
             str(item["filename"]): (str(item["patch"]) if item.get("patch") else None)
-            for item in answer.get("files") or ()
+            for item in files
         }
         return narrow_by_compare(
             changes.files, since=since, status=str(answer.get("status")), compared=compared

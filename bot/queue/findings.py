@@ -144,10 +144,5 @@ class FindingStore:
         row = rows[0]
         return ReviewedHead(row.id, row.head_sha, row.finished_at, row.increment)
 
-    async def review_underway(self, pull: PullRef, *, job_id: int) -> int | None:
-        """An older review of the same pull request still running (its id), or None."""
-        rows = await self._rows(sql.SELECT_REVIEW_UNDERWAY, {**pull.params, "job_id": job_id})
-        return int(rows[0].id) if rows else None
-
 
 __all__ = ["FindingStore", "FindingToRecord", "PullRef", "ReviewedHead"]

@@ -72,15 +72,3 @@ SELECT_LAST_REVIEWED = _sql(
     LIMIT 1
     """
 )
-
-# Another review of the same pull request that is underway (planned and started, or with
-# every chunk done but not posted): a newer one plans after it, from the head it reviewed.
-SELECT_REVIEW_UNDERWAY = _sql(
-    """
-    SELECT id FROM review_jobs
-    WHERE forge = :forge AND repo = :repo AND number = :number AND id < :job_id
-      AND state = 'running'
-    ORDER BY id
-    LIMIT 1
-    """
-)

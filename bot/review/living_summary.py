@@ -122,8 +122,11 @@ def render_living_summary(facts: SummaryFacts) -> str:
             word = "file" if len(unchanged) == 1 else "files"
             lines.append(f"- {len(unchanged)} {word} {UNCHANGED}")
     if facts.commits:
-        reviewed = ", ".join(f"`{c.head_sha[:12]}` ({c.mode})" for c in facts.commits)
-        lines += ["", f"**Commits reviewed:** {reviewed}."]
+        shown = facts.commits[-MAX_LISTED:]
+        reviewed = ", ".join(f"`{c.head_sha[:12]}` ({c.mode})" for c in shown)
+        earlier = len(facts.commits) - len(shown)
+        more = f" (and {earlier} earlier)" if earlier else ""
+        lines += ["", f"**Commits reviewed:** {reviewed}{more}."]
     footer = "<sub>review-bot keeps this one comment up to date after each review"
     footer += f" (job {facts.job_id}).</sub>" if facts.job_id is not None else ".</sub>"
     lines += ["", footer]

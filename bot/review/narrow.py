@@ -37,7 +37,6 @@ class ReviewScope:
     changes: PullChanges
     details: Mapping[str, Any] = field(default_factory=dict)
     level_note: str | None = None
-    wait_for: int | None = None  # an older review of the pull request is still underway
     cancel: str | None = None  # the repository's settings say not to review it, and why
 
 
@@ -121,9 +120,6 @@ class IncrementNarrower:
     async def __call__(self, job: Job, changes: PullChanges) -> ReviewScope:
         """The scope of `job`; raises ForgeError from the forge like fetching the diff does."""
         pull = PullRef(job.forge, job.repo, job.number)
-        underway = await self.findings.review_underway(pull, job_id=job.id)
-        if underway is not None:
-            return ReviewScope(changes, wait_for=underway)
         client = self.forges.get(job.forge)
         quiet = quiet_forge_for(client) if client is not None else None
         if quiet is None:

@@ -216,10 +216,6 @@ async def plan_one_job(
         return PlanningOutcome(job.id, "cancelled", detail=reason)
     except ForgeError as exc:
         return await _defer_or_fail(store, job, exc, now=now, settings=settings)
-    if scope is not None and scope.wait_for is not None:
-        # The next review starts from the head the one underway reviews: plan after it.
-        detail = f"plans after review {scope.wait_for} of the same pull request"
-        return PlanningOutcome(job.id, "deferred", detail=detail)
     if scope is not None and scope.cancel is not None:
         await store.finish_job(
             job.id, now=now, state=JobState.CANCELLED, error=scope.cancel, actor="planner"
