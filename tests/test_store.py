@@ -15,7 +15,7 @@ from bot.clock import VirtualClock
 from bot.db import plain_url
 from bot.errors import LeaseLost
 from bot.model import LEVELS, ChunkState, JobState, Level
-from bot.queue.store import QueueSettings, QueueStore
+from bot.queue.store import QueueSettings, QueueStore, request_from_json, request_to_json
 from tests.drain_worker import drain
 from tests.factories import decide, make_request, plans
 
@@ -307,3 +307,12 @@ async def test_killed_connection_loses_nothing(db_url: str, clock: VirtualClock)
     finally:
         await victim.close()
         await store.close()
+
+
+def test_a_stored_request_reads_back_as_it_was() -> None:
+    request = make_request(labels=("hotfix",), depends_on_refs=("acme/api#3",))
+    assert request_from_json(request_to_json(request)) == request
+    stored = request_to_json(request)
+    del stored["head_sha"]
+    assert request_from_json(stored) is None
+    assert request_from_json({**request_to_json(request), "unknown": 1}) == request

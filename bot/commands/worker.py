@@ -7,7 +7,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,7 +40,7 @@ from bot.forges.base import (
 from bot.model import TERMINAL_JOB_STATES, Command, Forge, Job, ReviewRequest
 from bot.outage import OutageWatch
 from bot.policy import PolicyBook, evaluate
-from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for
+from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for, request_from_json
 from bot.review.deferral import RetryBudget
 
 log = logging.getLogger(__name__)
@@ -595,16 +595,10 @@ def commands_of(delivery: ClaimedDelivery, *, forge: Forge) -> tuple[list[Comman
 
 
 def request_of(job: Job) -> ReviewRequest | None:
-    """The job's stored request, as a ReviewRequest (None when fields are missing)."""
-    stored = dict(job.request)
-    known = {name: stored[name] for name in ReviewRequest.__dataclass_fields__ if name in stored}
-    known["labels"] = tuple(known.get("labels") or ())
-    known["depends_on_refs"] = tuple(known.get("depends_on_refs") or ())
-    known["delivery_id"] = None
-    try:
-        return ReviewRequest(**known)
-    except TypeError:
-        return None
+    """The job's stored request for a new review of it (None when fields are missing); the new
+    job is not the old delivery's."""
+    request = request_from_json(job.request)
+    return None if request is None else replace(request, delivery_id=None)
 
 
 def clean_error(error: str) -> str:

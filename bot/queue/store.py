@@ -197,6 +197,17 @@ def request_to_json(request: ReviewRequest) -> dict[str, Any]:
     return data
 
 
+def request_from_json(stored: Mapping[str, Any]) -> ReviewRequest | None:
+    """The ReviewRequest a job stored (request_to_json's inverse); None when fields are missing."""
+    known = {name: value for name, value in stored.items() if name in REQUEST_FIELDS}
+    known["labels"] = tuple(known.get("labels") or ())
+    known["depends_on_refs"] = tuple(known.get("depends_on_refs") or ())
+    try:
+        return ReviewRequest(**known)
+    except TypeError:
+        return None
+
+
 class QueueStore:
     """Queue operations; decides what the SQL does, the engine only runs it."""
 
@@ -1172,5 +1183,6 @@ __all__ = [
     "QueueStore",
     "SubmitResult",
     "dedupe_key_for",
+    "request_from_json",
     "request_to_json",
 ]

@@ -14,7 +14,7 @@ from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import ForgeClient, PullChanges
 from bot.model import ChunkPlan, Job, JobState, PolicyDecision, ReviewRequest
 from bot.policy import PolicyBook, evaluate
-from bot.queue.store import QueueStore
+from bot.queue.store import QueueStore, request_from_json
 from bot.review.assemble import classify_skipped_file
 from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET, plan_chunks
 from bot.review.deferral import RetryBudget, defer_or_fail
@@ -24,7 +24,6 @@ from bot.sched.mlfq import SchedulingPolicy, ServiceEstimator, queue_ranks, rank
 log = logging.getLogger(__name__)
 
 PlanningResult = Literal["planned", "deferred", "cancelled", "failed"]
-REQUEST_FIELDS = frozenset(ReviewRequest.__dataclass_fields__)
 # Narrows a fetched diff to what the review covers (quiet reviews: the increment).
 ScopeReview = Callable[[Job, PullChanges], Awaitable[ReviewScope]]
 # A line budget no review reaches: the whole change in one call.
@@ -93,13 +92,7 @@ class PlanningOutcome:
 
 def request_of(job: Job) -> ReviewRequest | None:
     """The job's stored ReviewRequest, or None when the job carries no usable request."""
-    known = {name: value for name, value in job.request.items() if name in REQUEST_FIELDS}
-    try:
-        known["labels"] = tuple(known.get("labels") or ())
-        known["depends_on_refs"] = tuple(known.get("depends_on_refs") or ())
-        return ReviewRequest(**known)
-    except TypeError:
-        return None
+    return request_from_json(job.request)
 
 
 def reevaluate(
