@@ -17,6 +17,7 @@ from bot.commands.worker import CommandWorker
 from bot.config import DEFAULT_POLICY_DIR
 from bot.forges.emulator import (
     EmulatedPull,
+    Fault,
     ForgeEmulator,
     build_github_issue_comment_event,
     build_github_pull_request_event,
@@ -484,3 +485,40 @@ async def test_review_full_reviews_everything_and_review_only_what_changed(
     [summary] = summaries(emulator, pull)
     assert "full review: a full review was asked for" in summary["body"]
     assert inline_bodies(emulator, pull) == [smell]
+
+
+async def test_a_summary_whose_answer_was_lost_is_found_not_posted_twice(
+    bot: QuietBot, emulator: ForgeEmulator, store: QueueStore
+) -> None:
+    pull = emulator.state.add_pull("github", "acme/shop", 14, files=[HANDLER_V1])
+    emulator.state.add_fault("github.comments.create", Fault.lost_response(502))
+    job_id = await bot.send(pull, action="opened")
+    await bot.review()
+    job = await store.get_job(job_id)
+    assert job is not None and job.state == JobState.DONE
+    assert len(summaries(emulator, pull)) == 1
+    assert emulator.state.count_requests("github.comments.create") == 1
+
+
+async def test_a_summary_that_fails_to_post_is_retried_without_repeating_anything(
+    bot: QuietBot, emulator: ForgeEmulator, store: QueueStore, clock: VirtualClock
+) -> None:
+    pull = emulator.state.add_pull("github", "acme/shop", 13, files=[HANDLER_V1])
+    # Every attempt of the client fails: the review went out, the summary did not.
+    emulator.state.add_fault("github.comments.create", Fault.server_error(502), times=3)
+    job_id = await bot.send(pull, action="opened")
+    await bot.review()
+    job = await store.get_job(job_id)
+    assert job is not None and job.state == JobState.RUNNING and "posting" in str(job.last_error)
+    said = inline_bodies(emulator, pull)
+    assert said
+
+    clock.advance(3600)
+    [outcome] = await bot.pipeline.recover(clock.now())
+    assert outcome.result == "posted", outcome
+    assert inline_bodies(emulator, pull) == said  # the review was found by its marker
+    assert len(summaries(emulator, pull)) == 1
+    recorded = await bot.findings.findings_of(PullRef("github", "acme/shop", 13))
+    assert len(recorded) == len(said) and all(item.state == "open" for item in recorded)
+    job = await store.get_job(job_id)
+    assert job is not None and job.state == JobState.DONE
