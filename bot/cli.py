@@ -174,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--workers", type=int, default=None)
     simulate.add_argument("--json", action="store_true")
     simulate.add_argument("--keep", action="store_true", help="keep the simulation database")
+    simulate.add_argument(
+        "--batching",
+        metavar="PROFILE",
+        choices=("gpu-7b", "cpu-smollm2"),
+        help="replay on batched engines under this cost model, against exclusive slots",
+    )
     simulate.set_defaults(handler=_command_simulate)
 
     emulator = commands.add_parser("emulator", help="run the GitHub/GitLab forge emulator")

@@ -1,7 +1,9 @@
 """`bot simulate`: replay a trace through the real policy, queue, chunker and dispatcher.
 
 Virtual time: an event heap of arrivals and chunk completions; the simulated LLM backend charges
-the trace cost model instantly and the completion is scheduled at now + its GPU seconds.
+the trace cost model instantly and the completion is scheduled at now + its GPU seconds. With a
+batching profile the workers are engines that each run a window of chunks at once
+(bot.sim.batched), and a chunk ends when its engine's batch has done its work.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from bot.clock import EPOCH, VirtualClock
 from bot.config import DEFAULT_POLICY_DIR, SchedulerSettings, Settings
 from bot.errors import ReviewBotError
 from bot.llm.base import LLMRequest
+from bot.llm.batching import BatchingProfile, get_profile
 from bot.llm.simulated import SimulatedBackend
 from bot.model import Job, JobState, Level, PolicyDecision
 from bot.pipeline import build_pipeline
@@ -31,7 +34,10 @@ from bot.queue.store import Leased, QueueSettings, QueueStore
 from bot.review.engine import default_request
 from bot.review.planner import PlanningSettings
 from bot.sched.dispatcher import DispatcherSettings
+from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import MlfqSettings, SchedulingPolicy
+from bot.sched.window import WindowSettings
+from bot.sim.batched import BatchedEngines
 from bot.sim.forge import memory_forges
 from bot.sim.metrics import RequestOutcome, summarize
 from bot.sim.trace import Trace, TraceRequest, load_trace, to_review_request
@@ -103,13 +109,16 @@ async def replay_trace(
     policy_book: PolicyBook | None = None,
     collect: list[RequestOutcome] | None = None,
     record_eta: bool = False,
+    batching: BatchingProfile | None = None,
+    window: WindowSettings | None = None,
 ) -> dict[str, Any]:
     """Replay `trace` against the (already migrated) database; returns the summary object.
 
     The pipeline is `bot serve`'s (`build_pipeline`): the same planner, dispatcher and poster,
     with a virtual clock, the simulated backend and an in-memory forge. `collect`, when given,
     receives every request's outcome (for plots); `record_eta` adds the status ETA's accuracy
-    (`eta`: the ETA given at enqueue against the actual finish).
+    (`eta`: the ETA given at enqueue against the actual finish). With `batching`, the trace's
+    workers are engines with adaptive windows (`window`) under that cost model.
     """
     book = policy_book or load_policy_book(DEFAULT_POLICY_DIR)
     slots = workers or trace.header.workers
@@ -117,6 +126,12 @@ async def replay_trace(
     store = QueueStore.from_url(database_url, settings=QueueSettings(notify=False), pool_size=2)
     backend = SimulatedBackend(overhead_s=trace.header.overhead_s)
     forges = memory_forges(clock)
+    pool: EnginePool | None = None
+    batched: BatchedEngines | None = None
+    if batching is not None:
+        names = [f"engine-{index}" for index in range(slots)]
+        pool = EnginePool.build(names, window or WindowSettings(), now=clock.now())
+        batched = BatchedEngines(batching, names)
     tracked: dict[str, _Tracked] = {}
     by_job: dict[int, _Tracked] = {}
 
@@ -138,6 +153,11 @@ async def replay_trace(
     waste = {"gpu_s": 0.0, "preemptions": 0, "first_chunks": 0}
 
     async def chunk_preempted(leased: Leased, now: datetime) -> None:
+        if batched is not None:
+            waste["gpu_s"] += batched.cancel(leased.chunk.id, _seconds(now))
+            waste["preemptions"] += 1
+            waste["first_chunks"] += int(leased.chunk.seq == 0)
+            return
         sequence_number, started_s, charged = running.pop(leased.chunk.id)
         dropped.add(sequence_number)
         used = max(0.0, _seconds(now) - started_s)
@@ -164,6 +184,7 @@ async def replay_trace(
         planning=planning,
         build_request=build_request,
         on_preempt=chunk_preempted,
+        engines=pool,
     )
     dispatcher = pipeline.dispatcher
     # -- the status ETA's accuracy (bot.status): what a review is promised when first shown --
@@ -185,8 +206,12 @@ async def replay_trace(
     submitted = 0
     recheck_due: set[float] = set()
     try:
-        while events:
-            now_s = events[0][0]
+        while events or (batched is not None and batched.busy):
+            engine_event = batched.next_event_s() if batched is not None else None
+            now_s = min(
+                events[0][0] if events else float("inf"),
+                float("inf") if engine_event is None else engine_event,
+            )
             while policy == "mlfq" and next_maintenance <= now_s and by_job:
                 clock.set(_at(next_maintenance))
                 await dispatcher.maintain(clock.now())
@@ -196,6 +221,22 @@ async def replay_trace(
             clock.set(_at(now_s))
             now = clock.now()
             arrived = False
+            if batched is not None and pool is not None:
+                for completion in batched.advance(now_s):
+                    leased = completion.leased
+                    # Charged its share of the engine, as `bot serve` charges a batched call.
+                    shared = await pool.finished(
+                        leased.chunk.id,
+                        now,
+                        prompt_tokens=completion.review.usage.prompt_tokens,
+                        completion_tokens=completion.finished.completion_tokens,
+                    )
+                    await dispatcher.complete_review(
+                        leased,
+                        gpu_seconds=completion.finished.engine_s if shared is None else shared,
+                        result=completion.review.to_result(),
+                        now=now,
+                    )
             while events and events[0][0] <= now_s:
                 _, kind, event_sequence, payload = heapq.heappop(events)
                 if kind == RECHECK:
@@ -222,6 +263,11 @@ async def replay_trace(
                     await eta.observe(now)
             for leased in await dispatcher.fill_slots(now):
                 review = await dispatcher.review(None, leased)
+                if batched is not None and pool is not None:
+                    engine = pool.engine_of(leased.chunk.id)
+                    assert engine is not None, "a leased chunk has an engine"
+                    batched.admit(engine, leased, review, now_s)
+                    continue
                 heapq.heappush(
                     events,
                     (now_s + review.gpu_seconds, COMPLETION, sequence, (leased, review)),
@@ -240,14 +286,25 @@ async def replay_trace(
     posted = sum(len(forge.posted) for forge in forges.values())
     if collect is not None:
         collect.extend(outcomes)
-    result = summarize(
-        outcomes, policy=policy, requests=submitted, gpu_s=backend.gpu_seconds, workers=slots
-    )
+    # Batched, the GPU time spent is the engines' busy time (calls share it), not the sum
+    # of what each call would have cost alone.
+    gpu_s = batched.busy_s() if batched is not None else backend.gpu_seconds
+    result = summarize(outcomes, policy=policy, requests=submitted, gpu_s=gpu_s, workers=slots)
     result["posted"] = posted
     result["level_changes"] = dispatcher.level_changes
     result["preemptions"] = waste["preemptions"]
     result["preempted_first_chunks"] = waste["first_chunks"]
     result["wasted_gpu_s"] = round(waste["gpu_s"], 3)
+    if batched is not None and pool is not None:
+        result["batching"] = batched.summary(float(result.get("makespan_s") or 0.0))
+        result["batching"]["windows"] = {
+            engine.name: {
+                "final": engine.window,
+                "max": max(window for _, window in engine.history),
+                "changes": len(engine.history) - 1,
+            }
+            for engine in pool.engines
+        }
     if eta is not None:
         for item, outcome in zip(tracked.values(), outcomes, strict=True):
             if outcome.finished_s is not None:
@@ -316,6 +373,7 @@ def run_simulation(
     planning: PlanningSettings | None = None,
     mlfq: MlfqSettings | None = None,
     record_eta: bool = False,
+    batching: BatchingProfile | None = None,
 ) -> dict[str, Any]:
     """Replay a trace on a fresh database on the server at `database_url`; the summary object."""
     loaded = trace if isinstance(trace, Trace) else load_trace(trace)
@@ -329,6 +387,7 @@ def run_simulation(
             planning=planning,
             mlfq=mlfq,
             record_eta=record_eta,
+            batching=batching,
         )
     )
 
@@ -344,6 +403,7 @@ async def simulate(
     mlfq: MlfqSettings | None = None,
     collect: list[RequestOutcome] | None = None,
     record_eta: bool = False,
+    batching: BatchingProfile | None = None,
 ) -> dict[str, Any]:
     """Async form of run_simulation (for callers already in an event loop)."""
     started = time.perf_counter()
@@ -357,6 +417,7 @@ async def simulate(
             mlfq=mlfq,
             collect=collect,
             record_eta=record_eta,
+            batching=batching,
         )
     result["wall_s"] = round(time.perf_counter() - started, 3)
     return result
@@ -391,6 +452,40 @@ def render_text(result: dict[str, Any], profile: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def render_batching(result: dict[str, Any], *, workers: int) -> str:
+    """Exclusive slots against batched engines: turnaround per level, GPU time, utilization."""
+    exclusive, batched = result["exclusive"], result["batched"]
+    model = batched["batching"]
+    lines = [
+        f"{workers} exclusive slots (one call per GPU) against {workers} batched engines "
+        f"({model['profile']}: {model['source']}), same trace, same scheduler",
+        f"{'':6} {'n':>5} {'exclusive turnaround':>22} {'batched turnaround':>20}",
+        f"{'':6} {'':>5} {'mean':>10} {'p95':>11} {'mean':>9} {'p95':>10}",
+    ]
+    rows = [("all", exclusive["requests"], exclusive["all"], batched["all"])]
+    rows += [
+        (name, level["n"], level, batched["levels"].get(name, level))
+        for name, level in exclusive["levels"].items()
+    ]
+    for name, count, alone, shared in rows:
+        lines.append(
+            f"{name:6} {count:>5} {alone['turnaround']['mean']:>10.1f}"
+            f" {alone['turnaround']['p95']:>11.1f} {shared['turnaround']['mean']:>9.1f}"
+            f" {shared['turnaround']['p95']:>10.1f}"
+        )
+    windows = model["windows"]
+    lines += [
+        f"GPU s: exclusive {exclusive['gpu_s']:.0f}, batched {batched['gpu_s']:.0f} "
+        "(engine busy time; calls in a batch share it)",
+        f"utilization: exclusive {exclusive['utilization']:.1%}, batched engines "
+        f"{model['utilization']:.1%} busy (per engine "
+        + ", ".join(f"{engine['utilization']:.0%}" for engine in model["engines"].values())
+        + ")",
+        "windows reached: " + ", ".join(str(window["max"]) for window in windows.values()),
+    ]
+    return "\n".join(lines)
+
+
 def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
     """The `bot simulate` command."""
     from bot import devdb
@@ -398,22 +493,34 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
     trace = load_trace(args.trace)
     policy: SchedulingPolicy = args.policy
     workers = args.workers or trace.header.workers
+    profile_name = getattr(args, "batching", None)
+    batching = get_profile(profile_name) if profile_name else None
 
-    def run(url: str) -> dict[str, Any]:
+    def run(url: str, batched: BatchingProfile | None = None) -> dict[str, Any]:
         return run_simulation(
             trace,
             policy,
             workers,
             url,
             keep=bool(getattr(args, "keep", False)),
-            record_eta=policy == "mlfq",
+            record_eta=policy == "mlfq" and batched is None,
+            batching=batched,
         )
 
+    def runs(url: str) -> dict[str, Any]:
+        if batching is None:
+            return run(url)
+        # The same trace on the same number of GPUs: exclusive slots, then batched engines.
+        return {"exclusive": run(url), "batched": run(url, batching)}
+
     if settings.database_url:
-        result = run(settings.database_url)
+        result = runs(settings.database_url)
     else:
         with devdb.provision_server() as server_url:
-            result = run(server_url)
+            result = runs(server_url)
+    if batching is not None:
+        print(json.dumps(result) if args.json else render_batching(result, workers=workers))
+        return 0
     if args.json:
         wall = result.pop("wall_s", None)
         for extra in ("level_changes", "preemptions", "preempted_first_chunks", "wasted_gpu_s"):
@@ -430,6 +537,7 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 __all__ = [
+    "render_batching",
     "render_text",
     "replay_trace",
     "run_simulation",
