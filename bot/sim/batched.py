@@ -16,7 +16,7 @@ from typing import Any
 
 from bot.llm.batching import BatchedEngine, BatchingProfile, Finished
 from bot.queue.store import Leased
-from bot.review.engine import ChunkReview
+from bot.sched.dispatcher import ReviewedChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,7 @@ class Completion:
     """A chunk whose call ended on its engine."""
 
     leased: Leased
-    review: ChunkReview
+    review: ReviewedChunk
     finished: Finished
 
 
@@ -34,13 +34,13 @@ class BatchedEngines:
     def __init__(self, profile: BatchingProfile, names: Sequence[str]) -> None:
         self.profile = profile
         self.models = {name: BatchedEngine(profile) for name in names}
-        self._running: dict[int, tuple[str, Leased, ChunkReview]] = {}
+        self._running: dict[int, tuple[str, Leased, ReviewedChunk]] = {}
 
     @property
     def busy(self) -> bool:
         return bool(self._running)
 
-    def admit(self, engine: str, leased: Leased, review: ChunkReview, now_s: float) -> None:
+    def admit(self, engine: str, leased: Leased, review: ReviewedChunk, now_s: float) -> None:
         """Start a leased chunk on `engine`; `review.gpu_seconds` is its cost alone."""
         chunk = leased.chunk
         self._running[chunk.id] = (engine, leased, review)

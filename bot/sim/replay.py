@@ -231,7 +231,7 @@ async def replay_trace(
                         prompt_tokens=completion.review.usage.prompt_tokens,
                         completion_tokens=completion.finished.completion_tokens,
                     )
-                    await dispatcher.complete_review(
+                    await dispatcher.finish_chunk(
                         leased,
                         gpu_seconds=completion.finished.engine_s if shared is None else shared,
                         result=completion.review.to_result(),
