@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from aiohttp import web
 
 from bot.clock import SystemClock
+from bot.config import WindowSettings
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.model import FileChange, JobState, Level
 from bot.obs.metrics import Metrics
@@ -21,7 +22,6 @@ from bot.review.planner import PlanningSettings
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import MlfqSettings
-from bot.sched.window import WindowSettings
 from bot.sim.forge import added_lines_patch, memory_forges
 from tests.factories import decide, make_request
 

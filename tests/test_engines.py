@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bot.config import WindowSettings
 from bot.llm.batching import PROFILES, BatchedEngine, BatchingProfile
+from bot.llm.vllm_metrics import EngineLoad
 from bot.sched.engines import Engine, choose_engine, free_places, total_places
-from bot.sched.window import EngineLoad, WindowSettings
 
 WINDOWS = WindowSettings(floor=1, ceiling=48, initial=4)
 

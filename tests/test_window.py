@@ -10,15 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.config import load_settings
+from bot.config import WindowSettings, check_ceiling, load_settings
 from bot.errors import ConfigError
+from bot.llm.vllm_metrics import EngineLoad
 from bot.sched.window import (
-    EngineLoad,
     WindowObservation,
-    WindowSettings,
     WindowState,
     adapt_window,
-    check_ceiling,
     growth_step,
     initial_window,
     ready_to_judge,

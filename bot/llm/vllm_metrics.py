@@ -17,8 +17,6 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from bot.sched.window import EngineLoad
-
 log = logging.getLogger(__name__)
 
 # Sample names as they appear in the exposition text (counters carry `_total`).
@@ -37,6 +35,15 @@ GENERATION_TOKENS = ("vllm:generation_tokens_total",)
 CHARS_PER_TOKEN = 3.0
 # Diff lines of source code average about 40 characters plus the +/- marker and the newline.
 TOKENS_PER_DIFF_LINE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What vLLM's /metrics said at the end of an interval; None where it says nothing."""
+
+    requests_waiting: float | None = None
+    kv_cache_usage: float | None = None  # 0..1
+    new_preemptions: float | None = None  # preemptions since the previous interval
 
 
 @dataclass(frozen=True, slots=True)

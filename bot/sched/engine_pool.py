@@ -12,10 +12,11 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
+from bot.config import WindowSettings
 from bot.llm.vllm_metrics import EngineMetrics, engine_load, prefix_cache_hit_rate
 from bot.obs.metrics import Metrics
 from bot.sched.engines import CallMark, Engine, choose_engine, free_places, total_places
-from bot.sched.window import WindowDecision, WindowSettings
+from bot.sched.window import WindowDecision
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from bot.config import WindowSettings
+from bot.llm.vllm_metrics import EngineLoad
 from bot.sched.window import (
-    EngineLoad,
     WindowDecision,
     WindowObservation,
     WindowReason,
-    WindowSettings,
     WindowState,
     adapt_window,
     initial_window,

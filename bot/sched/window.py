@@ -13,11 +13,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-DEFAULT_WINDOW_FLOOR = 1
-DEFAULT_WINDOW_INITIAL = 4
-# A 7B model on one data-centre GPU gains throughput up to 32-64 sequences; vLLM's own
-# --max-num-seqs default (256) leaves the engine room for a P0 above this.
-DEFAULT_WINDOW_CEILING = 48
+from bot.config import WindowSettings
+from bot.llm.vllm_metrics import EngineLoad
 
 WindowReason = Literal[
     "overload",
@@ -34,81 +31,6 @@ WindowReason = Literal[
     "no_gain",
     "throughput_down",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class WindowSettings:
-    """Bounds of an engine's window and how eagerly it moves."""
-
-    floor: int = DEFAULT_WINDOW_FLOOR
-    ceiling: int = DEFAULT_WINDOW_CEILING
-    initial: int = DEFAULT_WINDOW_INITIAL
-    # Relative change of tokens/s or latency per token below which an interval shows nothing:
-    # chunk sizes vary, and one noisy interval must not move the window.
-    tolerance: float = 0.10
-    # Refusals or timeouts cut the window by this factor (multiplicative decrease).
-    overload_factor: float = 0.5
-    # KV-cache usage (0..1) at which more sequences would only make vLLM preempt.
-    kv_cache_high: float = 0.95
-    # An interval is judged once it holds this many completions (or one window's worth, if
-    # larger) and lasted at least `min_interval_s`.
-    min_completions: int = 4
-    min_interval_s: float = 2.0
-    # A grow is kept when tokens/s rose by at least (new/old window) ** min_elasticity: 1 is
-    # perfect scaling, 0 none; below it the engine is past its knee.
-    min_elasticity: float = 0.2
-    # Outside slow start a move is this share of the window (at least one place).
-    growth: float = 0.25
-    # Quiet intervals in a row after which the window probes a step, up and down in turn, in
-    # case the engine or the work changed.
-    probe_after: int = 5
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.floor <= self.initial <= self.ceiling:
-            raise ValueError(
-                "window bounds need 1 <= floor <= initial <= ceiling, got "
-                f"floor={self.floor} initial={self.initial} ceiling={self.ceiling}"
-            )
-        if not 0 < self.tolerance < 1:
-            raise ValueError("tolerance must be within (0, 1)")
-        if not 0 < self.overload_factor < 1:
-            raise ValueError("overload_factor must be within (0, 1)")
-        if not 0 < self.kv_cache_high <= 1:
-            raise ValueError("kv_cache_high must be within (0, 1]")
-        if self.min_completions < 1 or self.min_interval_s < 0:
-            raise ValueError("min_completions must be >= 1 and min_interval_s >= 0")
-        if not 0 < self.min_elasticity < 1:
-            raise ValueError("min_elasticity must be within (0, 1)")
-        if not 0 < self.growth <= 1 or self.probe_after < 1:
-            raise ValueError("growth must be within (0, 1] and probe_after >= 1")
-
-    @property
-    def fixed(self) -> bool:
-        """The window cannot move (floor = ceiling): an exclusive or fixed-size engine."""
-        return self.floor == self.ceiling
-
-
-def check_ceiling(settings: WindowSettings, *, max_num_seqs: int, p0_places: int = 1) -> None:
-    """Raise ValueError unless the ceiling leaves `p0_places` of the server's sequences free.
-
-    vLLM's priority scheduling preempts a running sequence only under KV-cache pressure, so a
-    P0 chunk starts at once only if the engine has a sequence place the window never fills.
-    """
-    if settings.ceiling + p0_places > max_num_seqs:
-        raise ValueError(
-            f"window ceiling {settings.ceiling} leaves no room for a P0 chunk under the "
-            f"server's --max-num-seqs {max_num_seqs}: lower the ceiling to at most "
-            f"{max_num_seqs - p0_places} or raise --max-num-seqs"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """What vLLM's /metrics said at the end of an interval; None where it says nothing."""
-
-    requests_waiting: float | None = None
-    kv_cache_usage: float | None = None  # 0..1
-    new_preemptions: float | None = None  # preemptions since the previous interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,17 +208,11 @@ def adapt_window(
 
 
 __all__ = [
-    "DEFAULT_WINDOW_CEILING",
-    "DEFAULT_WINDOW_FLOOR",
-    "DEFAULT_WINDOW_INITIAL",
-    "EngineLoad",
     "WindowDecision",
     "WindowObservation",
     "WindowReason",
-    "WindowSettings",
     "WindowState",
     "adapt_window",
-    "check_ceiling",
     "growth_step",
     "initial_window",
     "ready_to_judge",
