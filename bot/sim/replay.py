@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.clock import EPOCH, VirtualClock
-from bot.config import DEFAULT_POLICY_DIR, SchedulerSettings, Settings
+from bot.config import DEFAULT_POLICY_DIR, SchedulerSettings, Settings, WindowSettings
 from bot.errors import ReviewBotError
 from bot.llm.base import LLMRequest
 from bot.llm.batching import BatchingProfile, get_profile
@@ -36,7 +36,6 @@ from bot.review.planner import PlanningSettings
 from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import MlfqSettings, SchedulingPolicy
-from bot.sched.window import WindowSettings
 from bot.sim.batched import BatchedEngines
 from bot.sim.forge import memory_forges
 from bot.sim.metrics import RequestOutcome, summarize
