@@ -6,6 +6,7 @@ import pytest
 
 from bot.commands.parse import parse_commands
 from bot.model import FileChange
+from bot.queue.findings import StoredFinding
 from bot.review.assemble import SkippedFile
 from bot.review.fingerprint import FingerprintedFinding, fingerprint_findings
 from bot.review.increment import UNCHANGED, level_note, narrow_by_compare, narrow_by_versions
@@ -17,7 +18,7 @@ from bot.review.living_summary import (
     render_living_summary,
 )
 from bot.review.parse import Finding
-from bot.review.quiet_plan import QuietSettings, StoredFinding, decide_quiet_review
+from bot.review.quiet_plan import QuietSettings, decide_quiet_review
 
 PATCH = "\n".join(
     [

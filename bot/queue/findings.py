@@ -6,14 +6,32 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.diff import Side
 from bot.queue import findings_sql as sql
 from bot.queue.store import _database_errors
-from bot.review.quiet_plan import FindingState, StoredFinding
+
+FindingState = Literal["open", "resolved"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFinding:
+    """A finding an earlier review of this pull request recorded."""
+
+    fingerprint: str
+    path: str
+    line: int
+    side: Side
+    severity: str
+    body: str
+    anchor_text: str | None
+    state: FindingState
+    inline: bool = True
+    forge_ref: str | None = None  # the GitLab discussion that carries it
+    first_job_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

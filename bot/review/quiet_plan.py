@@ -9,39 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from bot.diff import Side
 from bot.model import SEVERITIES
+from bot.queue.findings import StoredFinding
 from bot.review.fingerprint import FingerprintedFinding, loose_key, normalize_code, side_lines
 from bot.review.parse import SEVERITY_RANK
 
-FindingState = Literal["open", "resolved"]
 DEFAULT_MIN_INLINE_SEVERITY = "info"
 DEFAULT_INLINE_CAP = 50
-
-
-@dataclass(frozen=True, slots=True)
-class StoredFinding:
-    """A finding an earlier review of this pull request recorded."""
-
-    fingerprint: str
-    path: str
-    line: int
-    side: Side
-    severity: str
-    body: str
-    anchor_text: str | None
-    state: FindingState
-    inline: bool = True
-    forge_ref: str | None = None  # the GitLab discussion that carries it
-    first_job_id: int | None = None
-
-    @property
-    def loose_key(self) -> str:
-        return loose_key(
-            path=self.path, anchor_text=self.anchor_text, category=self.severity, message=self.body
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +91,7 @@ def decide_quiet_review(
     stored = [item for item in stored if job_id is None or item.first_job_id != job_id]
     by_fingerprint = {item.fingerprint: item for item in stored}
     # An edit next to a finding changes its neighbours, not the finding: match on the line too.
-    by_line = {item.loose_key: item for item in stored if item.state == "open"}
+    by_line = {_loose_key(item): item for item in stored if item.state == "open"}
     floor = SEVERITY_RANK[settings.min_inline_severity]
     found_now: set[str] = set()
     repeated: list[FingerprintedFinding] = []
@@ -156,10 +131,16 @@ def decide_quiet_review(
     )
 
 
+def _loose_key(item: StoredFinding) -> str:
+    """A stored finding's fingerprint without its neighbours (see fingerprint.loose_key)."""
+    return loose_key(
+        path=item.path, anchor_text=item.anchor_text, category=item.severity, message=item.body
+    )
+
+
 __all__ = [
     "QuietDecision",
     "QuietSettings",
-    "StoredFinding",
     "code_still_there",
     "decide_quiet_review",
 ]

@@ -18,7 +18,7 @@ from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import ForgeClient, InlineComment, ReviewToPost
 from bot.forges.quiet import PostedFindings, QuietForge, quiet_forge_for
 from bot.model import TERMINAL_JOB_STATES, Job, JobState
-from bot.queue.findings import FindingStore, FindingToRecord, PullRef
+from bot.queue.findings import FindingStore, FindingToRecord, PullRef, StoredFinding
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, SkippedFile, assemble_review
 from bot.review.deferral import RetryBudget, defer_or_fail
@@ -30,7 +30,7 @@ from bot.review.living_summary import (
     render_living_summary,
 )
 from bot.review.poster import PostingOutcome, PostingSettings, render_comment, review_chunk_of
-from bot.review.quiet_plan import QuietDecision, QuietSettings, StoredFinding, decide_quiet_review
+from bot.review.quiet_plan import QuietDecision, QuietSettings, decide_quiet_review
 from bot.review.repo_settings import EXCLUDED
 
 log = logging.getLogger(__name__)
