@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from bot.commands.parse import parse_commands
+from bot.increment import UNCHANGED, level_note, narrow_by_compare, narrow_by_versions
 from bot.model import FileChange
 from bot.queue.findings import StoredFinding
 from bot.review.assemble import SkippedFile
 from bot.review.fingerprint import FingerprintedFinding, fingerprint_findings
-from bot.review.increment import UNCHANGED, level_note, narrow_by_compare, narrow_by_versions
 from bot.review.living_summary import (
     SUMMARY_MARKER,
     ListedFinding,

@@ -15,6 +15,7 @@ from bot.app import create_app
 from bot.clock import VirtualClock
 from bot.commands.worker import CommandWorker
 from bot.config import DEFAULT_POLICY_DIR
+from bot.forges.base import SUMMARY_MARKER
 from bot.forges.emulator import (
     EmulatedPull,
     Fault,
@@ -36,7 +37,6 @@ from bot.model import FileChange, Job, JobState, Level
 from bot.policy import load_policy_book
 from bot.queue.findings import FindingStore, PullRef
 from bot.queue.store import QueueStore
-from bot.review.living_summary import SUMMARY_MARKER
 from bot.review.poster import ReviewPipeline
 from bot.review.quiet_post import QuietPosting
 from bot.sched.mlfq import ServiceEstimator

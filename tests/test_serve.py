@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bot.forges.base import SUMMARY_MARKER
 from bot.forges.emulator import (
     EmulatorState,
     ForgeEmulator,
@@ -20,7 +21,6 @@ from bot.forges.emulator import (
     generate_file_changes,
     send_webhook,
 )
-from bot.review.living_summary import SUMMARY_MARKER
 from tests.conftest import shared_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -27,6 +27,9 @@ Side = Literal["LEFT", "RIGHT"]
 MAX_FILES = 3000
 
 MARKER_PATTERN = re.compile(r"<!-- review-bot:job=(\d+) -->")
+# The hidden marker that finds a pull request's living summary again (after a crash, or from
+# another process).
+SUMMARY_MARKER = "<!-- review-bot:summary -->"
 
 Clock = Callable[[], datetime]
 Sleep = Callable[[float], Awaitable[None]]

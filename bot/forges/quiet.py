@@ -16,11 +16,16 @@ from urllib.parse import quote
 import gitlab
 
 from bot.errors import ForgeError, ForgeNotFound
-from bot.forges.base import ForgeClient, PullChanges, ReviewToPost, append_marker
+from bot.forges.base import (
+    SUMMARY_MARKER,
+    ForgeClient,
+    PullChanges,
+    ReviewToPost,
+    append_marker,
+)
 from bot.forges.github import GitHubClient, split_repo
 from bot.forges.gitlab import GitLabClient, build_position, file_change_from_gitlab
-from bot.review.increment import Increment, full_review, narrow_by_compare, narrow_by_versions
-from bot.review.living_summary import SUMMARY_MARKER
+from bot.increment import Increment, full_review, narrow_by_compare, narrow_by_versions
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bot.forges.base import SUMMARY_MARKER
+from bot.increment import UNCHANGED
 from bot.review.assemble import SKIP_REASON_TEXT, SkippedFile, code
-from bot.review.increment import UNCHANGED
 from bot.review.parse import SEVERITY_RANK
 
-# The hidden marker that finds the summary again (after a crash, or from another process).
-SUMMARY_MARKER = "<!-- review-bot:summary -->"
 MAX_LISTED = 30  # findings listed per section; the rest are counted
 SEVERITY_LABEL = {"critical": "Critical", "major": "Major", "minor": "Minor", "info": "Note"}
 
@@ -134,7 +133,6 @@ def render_living_summary(facts: SummaryFacts) -> str:
 
 
 __all__ = [
-    "SUMMARY_MARKER",
     "ListedFinding",
     "ReviewedCommit",
     "SummaryFacts",

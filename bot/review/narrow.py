@@ -1,7 +1,7 @@
 """Narrow a job's diff to what changed since the pull request's last reviewed head (I/O).
 
 The planner calls this between fetching the diff and chunking it. The decisions are pure
-(bot.review.increment); this reads the last reviewed head from the store and asks the forge.
+(bot.increment); this reads the last reviewed head from the store and asks the forge.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 from bot.forges.base import ForgeClient, PullChanges
 from bot.forges.quiet import QuietForge, quiet_forge_for
+from bot.increment import Increment, full_review, level_note
 from bot.model import Job
 from bot.queue.findings import FindingStore, PullRef
-from bot.review.increment import Increment, full_review, level_note
 from bot.review.repo_settings import (
     SETTINGS_PATH,
     RepoSettings,
