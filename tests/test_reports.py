@@ -86,19 +86,25 @@ async def test_waits_view_matches_the_replay(replayed: tuple[str, Any]) -> None:
     report = await _report(url, "waits", until=EPOCH + timedelta(hours=1, minutes=30))
     levels = _by_level(report.rows)
     assert levels["all"]["jobs"] == summary["requests"]
-    assert levels["all"]["mean_wait_s"] == pytest.approx(summary["all"]["wait"]["mean"], abs=0.01)
-    assert levels["all"]["p95_wait_s"] == pytest.approx(summary["all"]["wait"]["p95"], abs=0.01)
+    assert levels["all"]["mean_wait_s"] == pytest.approx(
+        summary["all"]["time_to_first_chunk"]["mean"], abs=0.01
+    )
+    assert levels["all"]["p95_wait_s"] == pytest.approx(
+        summary["all"]["time_to_first_chunk"]["p95"], abs=0.01
+    )
     for name, expected in summary["levels"].items():
         if expected["n"] == 0:
             assert name not in levels
             continue
         assert levels[name]["jobs"] == expected["n"]
-        assert levels[name]["mean_wait_s"] == pytest.approx(expected["wait"]["mean"], abs=0.01)
+        assert levels[name]["mean_wait_s"] == pytest.approx(
+            expected["time_to_first_chunk"]["mean"], abs=0.01
+        )
         assert levels[name]["max_turnaround_s"] == pytest.approx(
             expected["turnaround"]["max"], abs=0.01
         )
         assert levels[name]["breaches"] == expected["breaches"]
-    assert summary["all"]["wait"]["mean"] > 0, "the trace must make jobs wait"
+    assert summary["all"]["time_to_first_chunk"]["mean"] > 0, "the trace must make jobs wait"
 
 
 @pytest.mark.parametrize(
@@ -272,8 +278,12 @@ async def test_compare_two_periods(replayed: tuple[str, Any], capsys: Any) -> No
     rows = {(row["scope"], row["metric"]): row for row in result["rows"]}
     before = _by_level((await _report(url, "waits", since=first[0], until=first[1])).rows)
     after = _by_level((await _report(url, "waits", since=second[0], until=second[1])).rows)
-    assert rows["all", "wait_mean_s"]["before"] == pytest.approx(before["all"]["mean_wait_s"])
-    assert rows["all", "wait_mean_s"]["after"] == pytest.approx(after["all"]["mean_wait_s"])
+    assert rows["all", "time_to_first_chunk_mean_s"]["before"] == pytest.approx(
+        before["all"]["mean_wait_s"]
+    )
+    assert rows["all", "time_to_first_chunk_mean_s"]["after"] == pytest.approx(
+        after["all"]["mean_wait_s"]
+    )
     assert result["notes"] == [
         success_verdict(before["all"]["mean_wait_s"], after["all"]["mean_wait_s"])
     ]
@@ -294,11 +304,16 @@ async def test_compare_two_simulations(
     output = capsys.readouterr().out
     fifo = json.loads(files["fifo"].read_text())
     mlfq = json.loads(files["mlfq"].read_text())
-    verdict = success_verdict(fifo["all"]["wait"]["mean"], mlfq["all"]["wait"]["mean"])
+    verdict = success_verdict(
+        fifo["all"]["time_to_first_chunk"]["mean"], mlfq["all"]["time_to_first_chunk"]["mean"]
+    )
     assert output.rstrip().splitlines()[-1] == verdict
     report = compare_summaries(fifo, mlfq)
     p0 = {row["metric"]: row for row in report.rows if row["scope"] == "P0"}
-    assert p0["wait_mean_s"]["after"] == mlfq["levels"]["P0"]["wait"]["mean"]
+    assert (
+        p0["time_to_first_chunk_mean_s"]["after"]
+        == mlfq["levels"]["P0"]["time_to_first_chunk"]["mean"]
+    )
 
 
 def test_success_verdict_rule() -> None:
@@ -330,7 +345,7 @@ async def test_breaches_count_jobs_still_waiting_past_the_threshold(store: Queue
 
 def test_compare_says_n_a_for_a_level_with_no_jobs_in_a_period() -> None:
     stats = {"mean": 40.0, "p50": 30.0, "p95": 90.0, "p99": 99.0, "max": 100.0}
-    side = {"wait": stats, "turnaround": stats}
+    side = {"time_to_first_chunk": stats, "turnaround": stats}
     before = {
         "requests": 3,
         "all": side,
@@ -343,19 +358,21 @@ def test_compare_says_n_a_for_a_level_with_no_jobs_in_a_period() -> None:
     }
     report = compare_summaries(before, after)
     p0 = {row["metric"]: row for row in report.rows if row["scope"] == "P0"}
-    assert p0["wait_mean_s"] == {
+    assert p0["time_to_first_chunk_mean_s"] == {
         "scope": "P0",
-        "metric": "wait_mean_s",
+        "metric": "time_to_first_chunk_mean_s",
         "before": 40.0,
         "after": None,
         "change_pct": None,
     }
     assert p0["breaches"]["after"] is None and p0["breaches"]["change_pct"] is None
     p1 = {row["metric"]: row for row in report.rows if row["scope"] == "P1"}
-    assert p1["wait_mean_s"]["change_pct"] == 0.0
+    assert p1["time_to_first_chunk_mean_s"]["change_pct"] == 0.0
     table, _ = render_report(report, "table")
     p0_line = next(
-        line for line in table.splitlines() if line.startswith("P0 ") and "wait_mean_s" in line
+        line
+        for line in table.splitlines()
+        if line.startswith("P0 ") and "time_to_first_chunk_mean_s" in line
     )
     assert p0_line.split()[-2:] == ["n/a", "n/a"]
     assert "-100" not in table

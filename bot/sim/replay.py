@@ -326,6 +326,7 @@ async def _outcome(store: QueueStore, item: _Tracked) -> RequestOutcome:
         ready_s=_seconds(ready),
         started_s=None if job.first_started_at is None else _seconds(job.first_started_at),
         finished_s=None if posted is None else _seconds(posted),
+        service_s=item.request.service_s,
     )
 
 
@@ -423,29 +424,36 @@ async def simulate(
 
 
 def render_text(result: dict[str, Any], profile: dict[str, float]) -> str:
-    """Human-readable summary: service-time profile with the rule, then waits per level."""
+    """Human-readable summary: turnaround per level first, then the service-time profile."""
     lines = [
-        f"policy {result['policy']}: {result['completed']}/{result['requests']} completed, "
-        f"makespan {result['makespan_s']:.0f} s, GPU {result['gpu_s']:.0f} s, "
+        f"policy {result['policy']}: {result['completed']}/{result['requests']} reviews posted, "
+        f"makespan {result['makespan_s']:.0f} s, GPU {result['gpu_s']:.0f} s "
+        f"({result['gpu_over_service']:.3f} x one call per review), "
         f"utilization {result['utilization']:.1%}",
-        f"service time: P50 {profile['p50']:.1f} s, P95 {profile['p95']:.1f} s, "
-        f"P99 {profile['p99']:.1f} s, P99/P50 {profile['p99_over_p50']:.1f}, "
-        f"stddev/mean {profile['stddev_over_mean']:.2f}",
-        f"  rule: {profile_verdict(profile)}",
-        f"{'':6} {'n':>5} {'wait mean':>10} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}"
-        f" {'turn mean':>10} {'breaches':>9}",
+        "turnaround: push to review posted (s); slowdown: turnaround / service time",
+        f"{'':6} {'n':>5} {'mean':>8} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}"
+        f" {'slowdown':>9} {'first chunk':>12} {'breaches':>9}",
     ]
     rows = [("all", result["requests"], result["all"], None)]
     rows += [
         (name, level["n"], level, level["breaches"]) for name, level in result["levels"].items()
     ]
     for name, count, data, breaches in rows:
-        wait, turnaround = data["wait"], data["turnaround"]
+        turnaround = data["turnaround"]
         lines.append(
-            f"{name:6} {count:>5} {wait['mean']:>10.1f} {wait['p50']:>8.1f} {wait['p95']:>8.1f}"
-            f" {wait['p99']:>8.1f} {wait['max']:>8.1f} {turnaround['mean']:>10.1f}"
+            f"{name:6} {count:>5} {turnaround['mean']:>8.1f} {turnaround['p50']:>8.1f}"
+            f" {turnaround['p95']:>8.1f} {turnaround['p99']:>8.1f} {turnaround['max']:>8.1f}"
+            f" {data['slowdown']['mean']:>9.2f} {data['time_to_first_chunk']['mean']:>12.1f}"
             f" {'' if breaches is None else breaches:>9}"
         )
+    lines += [
+        "(first chunk: mean time from ready to the first call; breaches: first calls later than"
+        " the level's alert threshold)",
+        f"service time: P50 {profile['p50']:.1f} s, P95 {profile['p95']:.1f} s, "
+        f"P99 {profile['p99']:.1f} s, P99/P50 {profile['p99_over_p50']:.1f}, "
+        f"stddev/mean {profile['stddev_over_mean']:.2f}",
+        f"  rule: {profile_verdict(profile)}",
+    ]
     if "wall_s" in result:
         lines.append(f"replayed in {result['wall_s']:.1f} s of wall time")
     return "\n".join(lines)
