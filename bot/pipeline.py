@@ -14,8 +14,9 @@ from bot.obs.metrics import Metrics
 from bot.policy import PolicyBook
 from bot.queue.store import QueueStore
 from bot.review.engine import RequestBuilder, chunk_reviewer, default_request
+from bot.review.forge_side import ReviewPipeline
 from bot.review.planner import PlanningSettings
-from bot.review.poster import PostingSettings, ReviewPipeline
+from bot.review.poster import PostingSettings
 from bot.review.quiet_post import QuietPosting
 from bot.sched.dispatcher import ChunkPreempted, Dispatcher, DispatcherSettings
 from bot.sched.engine_pool import EnginePool

@@ -37,7 +37,7 @@ from bot.model import FileChange, Job, JobState, Level
 from bot.policy import load_policy_book
 from bot.queue.findings import FindingStore, PullRef
 from bot.queue.store import QueueStore
-from bot.review.poster import ReviewPipeline
+from bot.review.forge_side import ReviewPipeline
 from bot.review.quiet_post import QuietPosting
 from bot.sched.mlfq import ServiceEstimator
 from tests.conftest import shared_dir

@@ -17,8 +17,9 @@ from bot.model import LEVELS, ChunkState, JobState
 from bot.pipeline import build_pipeline
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
+from bot.review.forge_side import ReviewPipeline
 from bot.review.planner import PlanningSettings, claim_and_plan_jobs
-from bot.review.poster import PostingSettings, ReviewPipeline
+from bot.review.poster import PostingSettings
 from bot.sched.dispatcher import DispatcherSettings
 from tests.pipeline_helpers import SMELLY, emulator_forges, emulator_state, request_for
 from tests.test_poster import reviewed_job, reviews_of

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from bot.clock import Clock
 from bot.diff import commentable_positions
-from bot.errors import ForgeError, ForgeNotFound, StoreError
+from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     ForgeClient,
     InlineComment,
@@ -24,19 +21,10 @@ from bot.forges.base import (
     render_marker,
 )
 from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
-from bot.obs.metrics import Metrics
-from bot.outage import OutageWatch
-from bot.policy import PolicyBook
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
 from bot.review.deferral import RetryBudget, defer_or_fail
-from bot.review.narrow import IncrementNarrower
 from bot.review.parse import parse_review
-from bot.review.planner import PlanningOutcome, PlanningSettings, claim_and_plan_jobs
-from bot.sched.mlfq import ServiceEstimator
-
-if TYPE_CHECKING:
-    from bot.review.quiet_post import QuietPosting
 
 log = logging.getLogger(__name__)
 
@@ -274,144 +262,9 @@ async def post_unposted(
     ]
 
 
-class ReviewPipeline:
-    """The forge side of a dispatcher: plans jobs from diffs, posts finished reviews."""
-
-    def __init__(
-        self,
-        store: QueueStore,
-        forges: Mapping[str, ForgeClient],
-        policy: PolicyBook | None,
-        *,
-        planning: PlanningSettings | None = None,
-        posting: PostingSettings | None = None,
-        plan_limit: int = 20,
-        metrics: Metrics | None = None,
-        quiet: QuietPosting | None = None,
-    ) -> None:
-        self.metrics = metrics
-        self.quiet = quiet
-        # Quiet reviews cover what changed since the last reviewed head.
-        self.scope_review = IncrementNarrower(quiet.findings, forges) if quiet is not None else None
-        self.store = store
-        self.forges = forges
-        self.policy = policy
-        self.planning = planning or PlanningSettings()
-        self.posting = posting or PostingSettings()
-        self.plan_limit = plan_limit
-        self._posting: dict[int, int] = {}  # job id -> posts of it running in this process
-
-    async def plan_jobs(self, now: datetime, estimator: ServiceEstimator) -> list[PlanningOutcome]:
-        """Plan pending jobs (the dispatcher's `plan_jobs`); jobs with nothing to review post."""
-        outcomes = await claim_and_plan_jobs(
-            self.store,
-            self.forges,
-            self.policy,
-            now=now,
-            limit=self.plan_limit,
-            estimator=estimator,
-            settings=self.planning,
-            scope_review=self.scope_review,
-        )
-        for outcome in outcomes:
-            if outcome.result == "planned" and outcome.chunks == 0 and not outcome.detail:
-                await self.job_completed(outcome.job_id, now)
-        return outcomes
-
-    async def renew_claims(self, now: datetime) -> int:
-        """Extend the posting claims of the jobs being posted now; returns how many."""
-        return await self.store.renew_posting_claims(
-            list(self._posting), owner=self.posting.owner, now=now, lease_s=self.posting.lease_s
-        )
-
-    async def job_completed(self, job_id: int, now: datetime) -> None:
-        """Post a job whose last chunk finished (the dispatcher's `on_job_complete`)."""
-        outcome = await self.post(job_id, now)
-        if self.metrics is None:
-            return
-        job = await self.store.get_job(job_id)
-        if job is None:
-            return
-        if outcome.result in ("failed", "deferred"):
-            self.metrics.count_post_failure(job.forge)
-        elif job.state == JobState.DONE and job.finished_at is not None:
-            ready = job.ready_at or job.enqueued_at
-            self.metrics.observe_turnaround(
-                job.base_level, (job.finished_at - ready).total_seconds()
-            )
-
-    async def post(self, job_id: int, now: datetime) -> PostingOutcome:
-        """Post one finished job: quietly (new findings, one living summary) when configured.
-
-        While this runs, `renew_claims` keeps the job's posting claim alive.
-        """
-        self._posting[job_id] = self._posting.get(job_id, 0) + 1
-        try:
-            if self.quiet is None:
-                return await post_job_review(
-                    self.store, self.forges, job_id, now=now, settings=self.posting
-                )
-            # Imported here: quiet posting builds on this module's rendering and outcomes.
-            from bot.review.quiet_post import post_quiet_review
-
-            return await post_quiet_review(
-                self.store, self.quiet, self.forges, job_id, now=now, settings=self.posting
-            )
-        finally:
-            left = self._posting.pop(job_id) - 1
-            if left:
-                self._posting[job_id] = left
-
-    async def recover(self, now: datetime, *, limit: int = 20) -> list[PostingOutcome]:
-        """Post what a crash left unposted (its poster's claim ran out), and deferred posts
-        whose retry time came."""
-        return [
-            await self.post(job.id, now)
-            for job in await self.store.unposted_jobs(limit=limit, now=now)
-        ]
-
-    async def run_heartbeat(self, clock: Clock, *, interval_s: float, stop: asyncio.Event) -> None:
-        """Renew the posting claims held by this process every `interval_s` until `stop`."""
-        outage = OutageWatch("posting heartbeat")
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval_s)
-            if stop.is_set() or not self._posting:
-                continue
-            try:
-                await self.renew_claims(clock.now())
-            except StoreError as exc:
-                outage.lost(exc)  # the claims may run out; others then post, marker-guarded
-            else:
-                outage.recovered()
-
-    async def run_recovery(
-        self,
-        clock: Clock,
-        *,
-        interval_s: float,
-        stop: asyncio.Event,
-        outage_backoff_s: float = 1.0,
-    ) -> None:
-        """Call `recover` at once and then every `interval_s` until `stop` is set; while the
-        database is away, try again with backoff instead."""
-        outage = OutageWatch("recovery", base_s=outage_backoff_s)
-        while not stop.is_set():
-            wait_s = interval_s
-            try:
-                await self.recover(clock.now())
-            except StoreError as exc:
-                wait_s = outage.lost(exc)
-            else:
-                outage.recovered()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=wait_s)
-
-
 __all__ = [
     "PostingOutcome",
     "PostingSettings",
-    "ReviewPipeline",
     "build_review",
     "post_job_review",
     "post_unposted",
