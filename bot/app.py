@@ -18,7 +18,7 @@ from bot.obs.dashboard import setup_admin
 from bot.obs.liveness import stale_after
 from bot.obs.metrics import Metrics, metrics_exposure, setup_metrics
 from bot.policy import PolicyBook, load_policy_book
-from bot.queue.store import QueueStore
+from bot.queue.store import QueueSettings, QueueStore
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,10 @@ def create_app(
     if store is None:
         if not settings.database_url:
             raise ConfigError("DATABASE_URL is not set")
-        store = QueueStore.from_url(settings.database_url)
+        store = QueueStore.from_url(
+            settings.database_url,
+            settings=QueueSettings(supersede_running=not settings.quiet_reviews),
+        )
         app.on_cleanup.append(_closer(store))
     used_clock: Clock = clock if clock is not None else SystemClock()
     app[SETTINGS_KEY] = settings

@@ -24,7 +24,7 @@ from bot.obs.metrics import Metrics, start_metrics_site
 from bot.outage import OutageWatch
 from bot.pipeline import build_pipeline
 from bot.policy import load_policy_book
-from bot.queue.store import QueueStore
+from bot.queue.store import QueueSettings, QueueStore
 from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
 from bot.review.quiet_post import quiet_posting
@@ -103,7 +103,12 @@ async def serve(
         settings = settings.with_changes(llm_backend=_chosen_backend(settings))
     if migrate:
         await migrate_when_reachable(url, backoff_s=settings.outage_backoff_s)
-    store = QueueStore.from_url(url, pool_size=max(10, settings.scheduler.workers + 4))
+    store = QueueStore.from_url(
+        url,
+        pool_size=max(10, settings.scheduler.workers + 4),
+        # Quiet reviews let a running review finish; the next covers what came after it.
+        settings=QueueSettings(supersede_running=not settings.quiet_reviews),
+    )
     clock = SystemClock()
     forges = build_forges(settings)
     stop = asyncio.Event()

@@ -32,12 +32,14 @@ from bot.forges.emulator_quiet import (
     set_default_file,
 )
 from bot.forges.registry import ForgeRegistry
+from bot.llm.base import LLMRequest
 from bot.llm.simulated import SimulatedBackend
-from bot.model import FileChange, Job, JobState, Level
+from bot.model import LEVELS, FileChange, Job, JobState, Level
 from bot.policy import load_policy_book
 from bot.queue.findings import FindingStore, PullRef
-from bot.queue.store import QueueStore
+from bot.queue.store import QueueSettings, QueueStore
 from bot.review.forge_side import ReviewPipeline
+from bot.review.prompts import build_messages
 from bot.review.quiet_post import QuietPosting
 from bot.sched.mlfq import ServiceEstimator
 from tests.conftest import shared_dir
@@ -236,8 +238,10 @@ async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
 async def bot(
     store: QueueStore, emulator: ForgeEmulator, clock: VirtualClock
 ) -> AsyncIterator[QuietBot]:
+    # As `bot serve` runs quiet reviews: a newer push leaves a running review to finish.
+    quiet_store = QueueStore(store.engine, settings=QueueSettings(supersede_running=False))
     async with emulator_forges(emulator, clock, attempts=3) as forges:
-        running = QuietBot(store, emulator, forges, clock)
+        running = QuietBot(quiet_store, emulator, forges, clock)
         await running.server.start_server()
         try:
             yield running
@@ -522,3 +526,47 @@ async def test_a_summary_that_fails_to_post_is_retried_without_repeating_anythin
     assert len(recorded) == len(said) and all(item.state == "open" for item in recorded)
     job = await store.get_job(job_id)
     assert job is not None and job.state == JobState.DONE
+
+
+async def test_a_push_while_a_review_runs_lets_it_finish_and_reviews_what_came_after(
+    bot: QuietBot, emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    store, state = bot.store, emulator.state
+    head = {**BASE_TREE, "app/core.py": "def core(value):\n    return eval(value)\n"}
+    pull = open_pull_from_trees(state, "github", "acme/shop", 15, base=BASE_TREE, head=head)
+    first = await bot.send(pull, action="opened")
+    await bot.pipeline.plan_jobs(clock.now(), ServiceEstimator.with_prior())
+    leased = await store.fetch_chunk(levels=LEVELS, owner="worker", now=clock.now(), lease_s=60)
+    assert leased is not None and leased.chunk.job_id == first  # the review is running
+
+    push_tree(state, "github", "acme/shop", 15, {**head, "app/run.py": SMELL})
+    second = await bot.send(pull, action="synchronize")
+    running = await store.get_job(first)
+    assert running is not None and running.state == JobState.RUNNING  # not superseded
+    await bot.pipeline.plan_jobs(clock.now(), ServiceEstimator.with_prior())
+    waiting = await store.get_job(second)
+    assert waiting is not None and not waiting.planned  # it plans after the running review
+
+    answer = await bot.backend.complete(
+        LLMRequest(messages=build_messages(leased.chunk.files), metadata={"job_id": first})
+    )
+    done = await store.finish_chunk(
+        leased.chunk.id,
+        owner="worker",
+        now=clock.now(),
+        gpu_seconds=answer.gpu_seconds,
+        result={"text": answer.text, "worker": answer.worker},
+    )
+    assert done.job_complete
+    await bot.pipeline.job_completed(first, clock.now())
+    clock.advance(10)
+    await bot.review()
+
+    finished = [await store.get_job(job_id) for job_id in (first, second)]
+    assert [job.state if job else None for job in finished] == [JobState.DONE, JobState.DONE]
+    assert finished[1] is not None
+    assert finished[1].request["increment"]["since"] == pull.versions[0].head_sha
+    assert await chunk_paths(store, second) == {"app/run.py"}
+    said = inline_bodies(emulator, pull)
+    assert len(said) == 2 and all("unsafe" in body for body in said)  # core.py, then run.py
+    assert len(summaries(emulator, pull)) == 1

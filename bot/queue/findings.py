@@ -154,6 +154,15 @@ class FindingStore:
         rows = await self._rows(sql.SELECT_REVIEWED_HEADS, pull.params)
         return [ReviewedHead(row.id, row.head_sha, row.finished_at, row.increment) for row in rows]
 
+    async def review_underway(self, pull: PullRef, *, job_id: int) -> int | None:
+        """An older review of the same pull request still underway (its id), or None."""
+        rows = await self._rows(sql.SELECT_REVIEW_UNDERWAY, {**pull.params, "job_id": job_id})
+        return int(rows[0].id) if rows else None
+
+    async def plan_later(self, job_id: int, *, retry_at: datetime) -> None:
+        """Release an unplanned job's planning claim until `retry_at`, counting no attempt."""
+        await self._rows(sql.PLAN_LATER, {"job_id": job_id, "retry_at": retry_at.isoformat()})
+
     async def last_reviewed(self, pull: PullRef, *, job_id: int) -> ReviewedHead | None:
         """The newest posted review of the pull request other than `job_id`'s."""
         rows = await self._rows(sql.SELECT_LAST_REVIEWED, {**pull.params, "job_id": job_id})

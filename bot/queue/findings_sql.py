@@ -72,3 +72,26 @@ SELECT_LAST_REVIEWED = _sql(
     LIMIT 1
     """
 )
+
+# An older review of the same pull request that is still underway (started, or finished but
+# not yet posted): a newer one plans after it, from the head it reviewed.
+SELECT_REVIEW_UNDERWAY = _sql(
+    """
+    SELECT id FROM review_jobs
+    WHERE forge = :forge AND repo = :repo AND number = :number AND id < :job_id
+      AND state = 'running'
+    ORDER BY id
+    LIMIT 1
+    """
+)
+
+# Hand an unplanned job back to the planners, to be planned again from :retry_at (no attempt
+# is counted: waiting for another review is no failure).
+PLAN_LATER = _sql(
+    """
+    UPDATE review_jobs
+    SET request = (request - 'planning_by' - 'planning_until')
+                  || jsonb_build_object('retry_at', CAST(:retry_at AS text))
+    WHERE id = :job_id AND NOT planned
+    """
+)

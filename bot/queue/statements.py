@@ -458,7 +458,8 @@ DEFER_JOB = _sql(
 )
 
 # Intake's common path in one statement: record the delivery (once), insert the job (once per
-# change), write its history, supersede older live reviews of the same PR with their history,
+# change), write its history, supersede older live reviews of the same PR (running ones only
+# with :supersede_running) with their history,
 # cancel their unstarted chunks and wake the dispatchers. The job id is drawn first so the
 # delivery can point at it. When the delivery was seen before nothing else happens; when the
 # change was seen before (`job_id` is NULL but the delivery is new), the caller re-evaluates.
@@ -500,7 +501,9 @@ SUBMIT_NEW_JOB = _sql(
         SET state = 'superseded', finished_at = :now, superseded_by = job.id
         FROM job
         WHERE old.forge = :forge AND old.repo = :repo AND old.number = :number
-          AND old.id <> job.id AND old.state IN ('waiting', 'queued', 'running')
+          AND old.id <> job.id
+          AND (old.state IN ('waiting', 'queued')
+               OR (CAST(:supersede_running AS boolean) AND old.state = 'running'))
         RETURNING old.id
     ),
     cancelled_chunks AS (

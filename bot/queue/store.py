@@ -46,6 +46,9 @@ class QueueSettings:
     retry_backoff_s: float = 10.0
     max_backoff_s: float = 600.0
     notify: bool = True
+    # A newer head supersedes the older review even while it runs. Quiet reviews turn this
+    # off: a running review finishes and the next one covers what came after its head.
+    supersede_running: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +372,7 @@ class QueueStore:
             "detail": _json({"level": str(decision.level), "rule": decision.rule}),
             "channel": QUEUE_CHANNEL,
             "notify": self.settings.notify,
+            "supersede_running": self.settings.supersede_running,
         }
         if not depends_on:
             # The common path is one statement in autocommit: one round trip, one commit.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from bot.forges.base import ForgeClient, PullChanges
@@ -26,6 +27,8 @@ from bot.review.repo_settings import (
 
 log = logging.getLogger(__name__)
 
+# How often a review waiting for another review of its pull request looks again.
+WAIT_BEHIND_S = 5.0
 # `/review full` stores this in the job's request extras: review everything, not the increment.
 FULL_REVIEW_KEY = "review_mode"
 
@@ -38,6 +41,7 @@ class ReviewScope:
     details: Mapping[str, Any] = field(default_factory=dict)
     level_note: str | None = None
     cancel: str | None = None  # the repository's settings say not to review it, and why
+    wait_for: int | None = None  # an older review of the pull request is still underway
 
 
 def scope_of(
@@ -117,9 +121,15 @@ class IncrementNarrower:
         self._settings[key] = (found.blob_sha, parsed, notes)
         return parsed, notes
 
-    async def __call__(self, job: Job, changes: PullChanges) -> ReviewScope:
+    async def __call__(self, job: Job, changes: PullChanges, now: datetime) -> ReviewScope:
         """The scope of `job`; raises ForgeError from the forge like fetching the diff does."""
         pull = PullRef(job.forge, job.repo, job.number)
+        underway = await self.findings.review_underway(pull, job_id=job.id)
+        if underway is not None:
+            # The next review starts from the head the one underway reviews: plan after it.
+            retry_at = now + timedelta(seconds=WAIT_BEHIND_S)
+            await self.findings.plan_later(job.id, retry_at=retry_at)
+            return ReviewScope(changes, wait_for=underway)
         client = self.forges.get(job.forge)
         quiet = quiet_forge_for(client) if client is not None else None
         if quiet is None:

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 PlanningResult = Literal["planned", "deferred", "cancelled", "failed"]
 # Narrows a fetched diff to what the review covers (quiet reviews: the increment).
-ScopeReview = Callable[[Job, PullChanges], Awaitable[ReviewScope]]
+ScopeReview = Callable[[Job, PullChanges, datetime], Awaitable[ReviewScope]]
 # A line budget no review reaches: the whole change in one call.
 ONE_CALL_BUDGET = 1_000_000_000
 
@@ -197,7 +197,7 @@ async def plan_one_job(
             project_id=job.request.get("project_id"),
             installation_id=job.request.get("installation_id"),
         )
-        scope = await scope_review(job, changes) if scope_review is not None else None
+        scope = await scope_review(job, changes, now) if scope_review is not None else None
     except ForgeNotFound as exc:
         reason = f"the change is gone on {job.forge}: {exc}"
         await store.finish_job(
@@ -209,6 +209,9 @@ async def plan_one_job(
         return PlanningOutcome(job.id, "cancelled", detail=reason)
     except ForgeError as exc:
         return await _defer_or_fail(store, job, exc, now=now, settings=settings)
+    if scope is not None and scope.wait_for is not None:
+        detail = f"plans after review {scope.wait_for} of the same pull request"
+        return PlanningOutcome(job.id, "deferred", detail=detail)
     if scope is not None and scope.cancel is not None:
         await store.finish_job(
             job.id, now=now, state=JobState.CANCELLED, error=scope.cancel, actor="planner"
