@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bot.clock import VirtualClock
 from bot.config import DEFAULT_POLICY_DIR, Settings
+from bot.emulator import EmulatorState, ForgeEmulator
+from bot.emulator.quiet import open_pull_from_trees, push_tree
 from bot.forges.base import RetryPolicy
-from bot.forges.emulator import EmulatorState, ForgeEmulator
-from bot.forges.emulator_quiet import open_pull_from_trees, push_tree
 from bot.forges.registry import ForgeOptions, build_forges
 from bot.llm.base import LLMRequest
 from bot.llm.simulated import SimulatedBackend

@@ -110,7 +110,7 @@ def _command_simulate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _command_emulator(args: argparse.Namespace, settings: Settings) -> int:
-    from bot.forges.emulator import run_emulator
+    from bot.emulator import run_emulator
 
     run_emulator(host=args.host, port=args.port)
     return 0

@@ -29,9 +29,7 @@ from bot.app import create_app
 from bot.clock import EPOCH
 from bot.config import REPO_ROOT, Settings
 from bot.db import upgrade_database
-from bot.errors import ConfigError
-from bot.forges.base import RetryPolicy, find_marker
-from bot.forges.emulator import (
+from bot.emulator import (
     EmulatorState,
     ForgeEmulator,
     build_github_pull_request_event,
@@ -41,6 +39,8 @@ from bot.forges.emulator import (
     gitlab_merge_request_hook,
     send_webhook,
 )
+from bot.errors import ConfigError
+from bot.forges.base import RetryPolicy, find_marker
 from bot.forges.registry import ForgeOptions, build_forges
 from bot.llm.base import LLMBackend
 from bot.llm.simulated import SimulatedBackend

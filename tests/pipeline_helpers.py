@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from bot.clock import VirtualClock
 from bot.config import Settings
+from bot.emulator import EmulatedPull, EmulatorState, ForgeEmulator
 from bot.forges.base import RetryPolicy
-from bot.forges.emulator import EmulatedPull, EmulatorState, ForgeEmulator
 from bot.forges.registry import ForgeOptions, ForgeRegistry, build_forges
 from bot.llm.base import LLMRequest
 from bot.llm.simulated import SimulatedBackend

@@ -29,8 +29,7 @@ from bot.commands.worker import (
     DeliveryReport,
 )
 from bot.config import DEFAULT_POLICY_DIR, Settings
-from bot.forges.base import ForgeClient, RetryPolicy
-from bot.forges.emulator import (
+from bot.emulator import (
     EmulatorState,
     Fault,
     ForgeEmulator,
@@ -40,7 +39,10 @@ from bot.forges.emulator import (
     build_gitlab_merge_request_event,
     build_gitlab_note_event,
     generate_file_changes,
+    seed_issue_comment,
+    seed_note,
 )
+from bot.forges.base import ForgeClient, RetryPolicy
 from bot.forges.github import GitHubClient
 from bot.forges.gitlab import GitLabClient
 from bot.model import ChunkState, JobState, Level
@@ -124,7 +126,7 @@ class Harness:
         user_type: str | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """A human comment on the PR, delivered as GitHub would; returns (comment id, answer)."""
-        comment_id = self.state.add_issue_comment(REPO, number, user=user, body=body)
+        comment_id = seed_issue_comment(self.state, REPO, number, user=user, body=body)
         fixture = load_fixture("github/issue_comment.created.on_pull_request.json")
         assert fixture.payload["comment"]["body"] == COMMENT_PLACEHOLDER
         payload = build_github_issue_comment_event(
@@ -169,7 +171,7 @@ class Harness:
     async def note(
         self, number: int, project_id: int, body: str, *, user: str
     ) -> tuple[int, dict[str, Any]]:
-        note_id = self.state.add_note(GITLAB_REPO, number, user=user, body=body)
+        note_id = seed_note(self.state, GITLAB_REPO, number, user=user, body=body)
         payload = build_gitlab_note_event(
             load_fixture("gitlab/note_hook.merge_request.docs.json").payload,
             body=body,

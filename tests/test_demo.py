@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.demo import demo_files
-from bot.forges.emulator import (
+from bot.emulator import (
     EmulatorState,
     generate_file_changes,
     github_pull_request_hook,

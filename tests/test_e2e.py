@@ -19,8 +19,7 @@ from aiohttp.test_utils import TestServer
 from bot.app import create_app
 from bot.clock import SystemClock
 from bot.config import DEFAULT_POLICY_DIR
-from bot.forges.base import RetryPolicy, find_marker
-from bot.forges.emulator import (
+from bot.emulator import (
     EmulatedPull,
     EmulatorState,
     Fault,
@@ -30,6 +29,7 @@ from bot.forges.emulator import (
     generate_file_changes,
     send_webhook,
 )
+from bot.forges.base import RetryPolicy, find_marker
 from bot.forges.registry import ForgeOptions, ForgeRegistry, build_forges
 from bot.llm.simulated import SimulatedBackend
 from bot.model import ChunkState, JobState

@@ -13,13 +13,7 @@ import pytest
 from aiohttp import web
 from gidgethub import sansio
 
-from bot.forges.base import (
-    append_marker,
-    find_marker,
-    parse_diff_lines,
-    render_marker,
-)
-from bot.forges.emulator import (
+from bot.emulator import (
     SECONDARY_LIMIT_MESSAGE,
     EmulatorState,
     Fault,
@@ -31,6 +25,12 @@ from bot.forges.emulator import (
     generate_file_changes,
     send_webhook,
     serve_emulator,
+)
+from bot.forges.base import (
+    append_marker,
+    find_marker,
+    parse_diff_lines,
+    render_marker,
 )
 
 SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)

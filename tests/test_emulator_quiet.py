@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from bot.clock import VirtualClock
-from bot.forges.emulator import EmulatorState, ForgeEmulator
-from bot.forges.emulator_quiet import open_pull_from_trees, push_tree, set_default_file
+from bot.emulator import EmulatorState, ForgeEmulator
+from bot.emulator.quiet import open_pull_from_trees, push_tree, set_default_file
 from bot.forges.quiet import quiet_forge_for
 from tests.pipeline_helpers import GITHUB_TOKEN, emulator_forges
 from tests.test_emulator import call, load_shared_json, response_schema, schema_errors

@@ -10,15 +10,15 @@ import pytest
 
 from bot.clock import VirtualClock
 from bot.config import DEFAULT_POLICY_DIR
-from bot.errors import ForgeError, ForgeNotFound
-from bot.forges.base import InlineComment, RetryPolicy, ReviewToPost, parse_diff_lines
-from bot.forges.emulator import (
+from bot.emulator import (
     EmulatorState,
     Fault,
     ForgeEmulator,
     build_gitlab_merge_request_event,
     generate_file_changes,
 )
+from bot.errors import ForgeError, ForgeNotFound
+from bot.forges.base import InlineComment, RetryPolicy, ReviewToPost, parse_diff_lines
 from bot.forges.gitlab import GitLabClient
 from bot.forges.registry import ForgeRegistry
 from bot.intake.normalize import normalize_delivery

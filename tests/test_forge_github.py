@@ -14,6 +14,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from gidgethub import sansio
 
 from bot.clock import VirtualClock
+from bot.emulator import (
+    EmulatorState,
+    Fault,
+    ForgeEmulator,
+    generate_file_changes,
+    seed_issue_comment,
+)
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     ForgePermissionDenied,
@@ -24,7 +31,6 @@ from bot.forges.base import (
     parse_diff_lines,
     render_marker,
 )
-from bot.forges.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
 from bot.forges.github import GitHubClient, translate_github_error
 from bot.model import FileChange
 
@@ -360,8 +366,8 @@ async def test_reaction_and_permission(
     emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
 ) -> None:
     emulator.state.add_pull("github", REPO, 20, files=SMALL)
-    comment_id = emulator.state.add_issue_comment(
-        REPO, 20, user="alice", body="/review priority p1"
+    comment_id = seed_issue_comment(
+        emulator.state, REPO, 20, user="alice", body="/review priority p1"
     )
     emulator.state.set_permission(REPO, "alice", "maintain")
     emulator.state.set_permission(REPO, "bob", "triage")

@@ -13,8 +13,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.clock import VirtualClock
 from bot.config import DEFAULT_POLICY_DIR
+from bot.emulator import (
+    EmulatorState,
+    ForgeEmulator,
+    build_github_pull_request_event,
+    seed_issue_comment,
+)
 from bot.forges.base import RetryPolicy
-from bot.forges.emulator import EmulatorState, ForgeEmulator, build_github_pull_request_event
 from bot.forges.github import GITHUB_ACCEPT, GITHUB_API_VERSION, GitHubClient
 from bot.forges.registry import ForgeOptions, build_forges
 from bot.intake.normalize import normalize_delivery
@@ -143,7 +148,7 @@ async def test_every_request_sends_the_current_media_type_and_api_version(
     emulator: ForgeEmulator, clock: VirtualClock, app_key: tuple[str, str]
 ) -> None:
     emulator.state.add_pull("github", REPO, 7, files=[SMELLY], installation_id=1)
-    comment = emulator.state.add_issue_comment(REPO, 7, user="octocat", body="/review status")
+    comment = seed_issue_comment(emulator.state, REPO, 7, user="octocat", body="/review status")
     async with aiohttp.ClientSession() as session:
         client = app_client(emulator, session, clock, app_key[0])
         client.use_installation(REPO, 1)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.clock import VirtualClock
+from bot.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes, seed_note
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     InlineComment,
@@ -16,7 +17,6 @@ from bot.forges.base import (
     parse_diff_lines,
     render_marker,
 )
-from bot.forges.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
 from bot.forges.gitlab import GitLabClient, permission_from_access_level
 from bot.model import FileChange
 
@@ -217,7 +217,7 @@ async def test_reaction_awards_an_emoji_on_the_note(
     emulator: ForgeEmulator, clock: VirtualClock
 ) -> None:
     emulator.state.add_pull("gitlab", REPO, 11, files=SMALL)
-    note_id = emulator.state.add_note(REPO, 11, user="dev", body="/review status")
+    note_id = seed_note(emulator.state, REPO, 11, user="dev", body="/review status")
     client = make_client(emulator, clock)
 
     await client.add_reaction(REPO, note_id, "+1", number=11)

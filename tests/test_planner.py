@@ -8,7 +8,7 @@ import pytest
 
 from bot.clock import VirtualClock
 from bot.config import DEFAULT_POLICY_DIR
-from bot.forges.emulator import Fault, ForgeEmulator, generate_file_changes
+from bot.emulator import Fault, ForgeEmulator, generate_file_changes
 from bot.forges.registry import ForgeRegistry
 from bot.model import JobState, Level
 from bot.policy import PolicyBook, evaluate, load_policy_book

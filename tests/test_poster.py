@@ -9,8 +9,8 @@ import pytest
 
 from bot.clock import VirtualClock
 from bot.config import DEFAULT_POLICY_DIR
+from bot.emulator import EmulatedPull, Fault, ForgeEmulator, generate_file_changes
 from bot.forges.base import find_marker, render_marker
-from bot.forges.emulator import EmulatedPull, Fault, ForgeEmulator, generate_file_changes
 from bot.forges.registry import ForgeRegistry
 from bot.llm.simulated import SimulatedBackend
 from bot.model import JobState

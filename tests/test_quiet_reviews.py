@@ -15,22 +15,23 @@ from bot.app import create_app
 from bot.clock import VirtualClock
 from bot.commands.worker import CommandWorker
 from bot.config import DEFAULT_POLICY_DIR
-from bot.forges.base import SUMMARY_MARKER
-from bot.forges.emulator import (
+from bot.emulator import (
     EmulatedPull,
     Fault,
     ForgeEmulator,
     build_github_issue_comment_event,
     build_github_pull_request_event,
     build_gitlab_merge_request_event,
+    seed_issue_comment,
     send_webhook,
 )
-from bot.forges.emulator_quiet import (
+from bot.emulator.quiet import (
     history_of,
     open_pull_from_trees,
     push_tree,
     set_default_file,
 )
+from bot.forges.base import SUMMARY_MARKER
 from bot.forges.registry import ForgeRegistry
 from bot.llm.base import LLMRequest
 from bot.llm.simulated import SimulatedBackend
@@ -121,8 +122,8 @@ class QuietBot:
 
     async def command(self, pull: EmulatedPull, body: str) -> None:
         """A slash command commented by the PR's author on GitHub, executed by the worker."""
-        comment_id = self.emulator.state.add_issue_comment(
-            pull.repo, pull.number, user=pull.author, body=body
+        comment_id = seed_issue_comment(
+            self.emulator.state, pull.repo, pull.number, user=pull.author, body=body
         )
         payload = build_github_issue_comment_event(
             load_fixture("github", "issue_comment.created.on_pull_request.json"),

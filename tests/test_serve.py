@@ -13,14 +13,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bot.forges.base import SUMMARY_MARKER
-from bot.forges.emulator import (
+from bot.emulator import (
     EmulatorState,
     ForgeEmulator,
     build_github_pull_request_event,
     generate_file_changes,
     send_webhook,
 )
+from bot.forges.base import SUMMARY_MARKER
 from tests.conftest import shared_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

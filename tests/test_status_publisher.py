@@ -11,9 +11,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.clock import VirtualClock
+from bot.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
 from bot.errors import ForgeError
 from bot.forges.base import RetryPolicy
-from bot.forges.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
 from bot.forges.github import GitHubClient
 from bot.forges.gitlab import GitLabClient
 from bot.forges.statuses import StatusUpdate

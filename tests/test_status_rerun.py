@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.forges.emulator_checks import add_check_run, build_github_check_run_event
+from bot.emulator.checks import add_check_run, build_github_check_run_event
 from bot.model import JobState
 from tests import test_commands_e2e
 from tests.test_commands_e2e import REPO, Harness

@@ -10,7 +10,7 @@ import pytest
 
 from bot.clock import VirtualClock
 from bot.config import DEFAULT_POLICY_DIR
-from bot.forges.emulator import ForgeEmulator
+from bot.emulator import ForgeEmulator
 from bot.forges.registry import ForgeRegistry
 from bot.llm.simulated import SimulatedBackend
 from bot.model import LEVELS, ChunkState, JobState

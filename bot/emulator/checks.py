@@ -1,6 +1,6 @@
 """The emulator's check runs and commit statuses (GitHub) and commit statuses (GitLab).
 
-Registered from bot.forges.emulator (its ROUTES); shapes follow GitHub's description in
+Registered from bot.emulator (its ROUTES); shapes follow GitHub's description in
 shared/openapi, and GitLab's rule that a status cannot be set to the state it already has.
 """
 
@@ -9,25 +9,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bot.forges.emulator import (
-    EmulatedPull,
-    EmulatorState,
-    Record,
-    _check_repo_token,
-    _Context,
-    _github_error,
-    _github_repository,
-    _github_user,
-    _gitlab_user,
-    _invalid_request,
-    _iso,
-    _not_found,
-    _paginate,
-    _Reply,
-    _Route,
-    _route,
-    register_routes,
+from bot.emulator.github_json import github_repository, github_user
+from bot.emulator.gitlab import gitlab_user
+from bot.emulator.http import (
+    Context,
+    Reply,
+    Route,
+    check_repo_token,
+    define_route,
+    github_error,
+    invalid_request,
+    iso_time,
+    not_found,
+    paginate,
 )
+from bot.emulator.state import EmulatedPull, EmulatorState, Record
 
 CHECK_STATUSES = ("queued", "in_progress", "completed")
 CHECK_CONCLUSIONS = (
@@ -55,12 +51,12 @@ def _pull_with_sha(state: EmulatorState, forge: str, repo: str, sha: str) -> Emu
 
 
 def _app(state: EmulatorState) -> dict[str, Any]:
-    created = _iso(state.clock())
+    created = iso_time(state.clock())
     return {
         "id": APP_ID,
         "slug": APP_SLUG,
         "node_id": "A_1",
-        "owner": _github_user(state, "acme"),
+        "owner": github_user(state, "acme"),
         "name": "review-bot",
         "description": "AI code review with a scheduled queue",
         "external_url": "https://review-bot.example.com",
@@ -119,20 +115,20 @@ def _apply_check_fields(run: dict[str, Any], data: Mapping[str, Any], now: str) 
     """Validate and apply the writable fields of a check run, as GitHub does."""
     status = data.get("status")
     if status is not None and status not in CHECK_STATUSES:
-        raise _invalid_request(f'"{status}" is not a member of the status enum.')
+        raise invalid_request(f'"{status}" is not a member of the status enum.')
     conclusion = data.get("conclusion")
     if conclusion is not None and conclusion not in CHECK_CONCLUSIONS:
-        raise _invalid_request(f'"{conclusion}" is not a member of the conclusion enum.')
+        raise invalid_request(f'"{conclusion}" is not a member of the conclusion enum.')
     if status == "completed" and conclusion is None and run.get("conclusion") is None:
-        raise _github_error(
+        raise github_error(
             422, "Invalid request.\n\nNo conclusion provided for a completed check run."
         )
     output = data.get("output")
     if output is not None:
         if not isinstance(output, dict) or not output.get("title") or not output.get("summary"):
-            raise _invalid_request('"title" and "summary" are required in "output".')
+            raise invalid_request('"title" and "summary" are required in "output".')
         if len(str(output["summary"])) > 65535:
-            raise _invalid_request('"summary" is longer than 65535 characters.')
+            raise invalid_request('"summary" is longer than 65535 characters.')
         run["output"] = dict(output)
     for key in ("details_url", "external_id", "name", "started_at"):
         if data.get(key) is not None:
@@ -148,24 +144,24 @@ def _apply_check_fields(run: dict[str, Any], data: Mapping[str, Any], now: str) 
         run["started_at"] = now
 
 
-def _require_app(ctx: _Context) -> None:
+def _require_app(ctx: Context) -> None:
     if ctx.installation is None:
-        raise _github_error(403, "You must authenticate via a GitHub App.")
+        raise github_error(403, "You must authenticate via a GitHub App.")
 
 
-async def _github_create_check_run(ctx: _Context) -> Any:
+async def _github_create_check_run(ctx: Context) -> Any:
     repo = f"{ctx.params['owner']}/{ctx.params['repo']}"
-    _check_repo_token(ctx, repo)
+    check_repo_token(ctx, repo)
     _require_app(ctx)
     data = await ctx.json()
     if not isinstance(data, dict):
-        raise _invalid_request("Body must be a JSON object.")
+        raise invalid_request("Body must be a JSON object.")
     for required in ("name", "head_sha"):
         if not data.get(required):
-            raise _invalid_request(f'"{required}" wasn\'t supplied.')
+            raise invalid_request(f'"{required}" wasn\'t supplied.')
     if _pull_with_sha(ctx.state, "github", repo, str(data["head_sha"])) is None:
-        raise _github_error(422, "Validation Failed", errors=["No commit found for SHA"])
-    now = _iso(ctx.state.clock())
+        raise github_error(422, "Validation Failed", errors=["No commit found for SHA"])
+    now = iso_time(ctx.state.clock())
     run: dict[str, Any] = {
         "id": ctx.state.next_id(),
         "_repo": repo,
@@ -184,45 +180,45 @@ async def _github_create_check_run(ctx: _Context) -> Any:
     return _check_run(ctx.state, run)
 
 
-def _stored_run(ctx: _Context) -> dict[str, Any]:
+def _stored_run(ctx: Context) -> dict[str, Any]:
     repo = f"{ctx.params['owner']}/{ctx.params['repo']}"
-    _check_repo_token(ctx, repo)
+    check_repo_token(ctx, repo)
     _require_app(ctx)
     run = ctx.state.check_runs.get(int(ctx.params["check_run_id"]))
     if run is None or run["_repo"] != repo:
-        raise _not_found("github")
+        raise not_found("github")
     return run
 
 
-async def _github_update_check_run(ctx: _Context) -> Any:
+async def _github_update_check_run(ctx: Context) -> Any:
     run = _stored_run(ctx)
     data = await ctx.json()
     if not isinstance(data, dict):
-        raise _invalid_request("Body must be a JSON object.")
-    _apply_check_fields(run, data, _iso(ctx.state.clock()))
+        raise invalid_request("Body must be a JSON object.")
+    _apply_check_fields(run, data, iso_time(ctx.state.clock()))
     ctx.state.records.append(
         Record("github", "check_run", run["_repo"], None, None, {"id": run["id"], "request": data})
     )
     return _check_run(ctx.state, run)
 
 
-async def _github_get_check_run(ctx: _Context) -> Any:
+async def _github_get_check_run(ctx: Context) -> Any:
     return _check_run(ctx.state, _stored_run(ctx))
 
 
-async def _github_create_status(ctx: _Context) -> Any:
+async def _github_create_status(ctx: Context) -> Any:
     repo = f"{ctx.params['owner']}/{ctx.params['repo']}"
-    _check_repo_token(ctx, repo)
+    check_repo_token(ctx, repo)
     data = await ctx.json()
     if not isinstance(data, dict) or data.get("state") not in COMMIT_STATES:
-        raise _github_error(
+        raise github_error(
             422, "Validation Failed", errors=[{"resource": "Status", "field": "state",
                                                "code": "custom", "message": "state is invalid"}]
         )  # fmt: skip
     sha = ctx.params["sha"]
     if _pull_with_sha(ctx.state, "github", repo, sha) is None:
-        raise _github_error(422, "No commit found for SHA: " + sha)
-    now = _iso(ctx.state.clock())
+        raise github_error(422, "No commit found for SHA: " + sha)
+    now = iso_time(ctx.state.clock())
     status_id = ctx.state.next_id()
     answer = {
         "url": f"https://api.github.com/repos/{repo}/statuses/{sha}",
@@ -235,7 +231,7 @@ async def _github_create_status(ctx: _Context) -> Any:
         "context": data.get("context") or "default",
         "created_at": now,
         "updated_at": now,
-        "creator": _github_user(ctx.state, ctx.user),
+        "creator": github_user(ctx.state, ctx.user),
     }
     ctx.state.commit_statuses.append({"_forge": "github", "_repo": repo, "sha": sha, **answer})
     ctx.state.records.append(Record("github", "commit_status", repo, None, None, dict(answer)))
@@ -243,33 +239,33 @@ async def _github_create_status(ctx: _Context) -> Any:
     return answer
 
 
-def _gitlab_project_path(ctx: _Context) -> str:
+def _gitlab_project_path(ctx: Context) -> str:
     raw = ctx.params["project"]
     if raw.isdigit():
         path = next((key for key, value in ctx.state.projects.items() if value == int(raw)), None)
     else:
         path = raw if raw in ctx.state.projects else None
     if path is None:
-        raise _Reply(404, {"message": "404 Project Not Found"})
+        raise Reply(404, {"message": "404 Project Not Found"})
     return path
 
 
 def _gitlab_status(state: EmulatorState, stored: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in stored.items() if not key.startswith("_")} | {
-        "author": _gitlab_user(state, stored["_author"])
+        "author": gitlab_user(state, stored["_author"])
     }
 
 
-async def _gitlab_create_status(ctx: _Context) -> Any:
+async def _gitlab_create_status(ctx: Context) -> Any:
     path = _gitlab_project_path(ctx)
     sha = ctx.params["sha"]
     pull = _pull_with_sha(ctx.state, "gitlab", path, sha)
     if pull is None:
-        raise _Reply(404, {"message": "404 Commit Not Found"})
+        raise Reply(404, {"message": "404 Commit Not Found"})
     data = await ctx.json()
     wanted = data.get("state") if isinstance(data, dict) else None
     if wanted not in GITLAB_STATES:
-        raise _Reply(400, {"error": "state does not have a valid value"})
+        raise Reply(400, {"error": "state does not have a valid value"})
     name = str(data.get("name") or data.get("context") or "default")
     current = next(
         (
@@ -282,7 +278,7 @@ async def _gitlab_create_status(ctx: _Context) -> Any:
     )  # fmt: skip
     if current is not None and current["status"] == wanted:
         event = GITLAB_EVENTS[str(wanted)]
-        raise _Reply(
+        raise Reply(
             400,
             {
                 "message": f"Cannot transition status via :{event} from :{wanted} "
@@ -316,7 +312,7 @@ async def _gitlab_create_status(ctx: _Context) -> Any:
     return answer
 
 
-async def _gitlab_list_statuses(ctx: _Context) -> Any:
+async def _gitlab_list_statuses(ctx: Context) -> Any:
     path = _gitlab_project_path(ctx)
     sha = ctx.params["sha"]
     newest: dict[str, dict[str, Any]] = {}
@@ -324,47 +320,47 @@ async def _gitlab_list_statuses(ctx: _Context) -> Any:
         if item["_forge"] == "gitlab" and item["_repo"] == path and item["sha"] == sha:
             newest[item["name"]] = item
     found = [_gitlab_status(ctx.state, item) for item in newest.values()]
-    return _paginate(ctx, found, default=20, maximum=100)
+    return paginate(ctx, found, default=20, maximum=100)
 
 
 GITHUB_REPO = "/repos/{owner}/{repo}"
-CHECK_ROUTES: tuple[_Route, ...] = (
-    _route(
+CHECK_ROUTES: tuple[Route, ...] = (
+    define_route(
         "github.check_runs.create",
         "POST",
         f"{GITHUB_REPO}/check-runs",
         _github_create_check_run,
         "github",
     ),
-    _route(
+    define_route(
         "github.check_runs.update",
         "PATCH",
         f"{GITHUB_REPO}/check-runs/{{check_run_id}}",
         _github_update_check_run,
         "github",
     ),
-    _route(
+    define_route(
         "github.check_runs.get",
         "GET",
         f"{GITHUB_REPO}/check-runs/{{check_run_id}}",
         _github_get_check_run,
         "github",
     ),
-    _route(
+    define_route(
         "github.statuses.create",
         "POST",
         f"{GITHUB_REPO}/statuses/{{sha}}",
         _github_create_status,
         "github",
     ),
-    _route(
+    define_route(
         "gitlab.statuses.create",
         "POST",
         "/api/v4/projects/{project}/statuses/{sha}",
         _gitlab_create_status,
         "gitlab",
     ),
-    _route(
+    define_route(
         "gitlab.statuses.list",
         "GET",
         "/api/v4/projects/{project}/repository/commits/{sha}/statuses",
@@ -372,8 +368,6 @@ CHECK_ROUTES: tuple[_Route, ...] = (
         "gitlab",
     ),
 )
-
-register_routes(*CHECK_ROUTES)
 
 
 def add_check_run(
@@ -385,7 +379,7 @@ def add_check_run(
     conclusion: str | None = "success",
 ) -> int:
     """Seed a check run on a commit (as an App would have written it); returns its id."""
-    now = _iso(state.clock())
+    now = iso_time(state.clock())
     run_id = state.next_id()
     state.check_runs[run_id] = {
         "id": run_id,
@@ -416,8 +410,8 @@ def build_github_check_run_event(
     payload: dict[str, Any] = {
         "action": action,
         "check_run": _check_run(state, run),
-        "repository": _github_repository(state, repo),
-        "sender": _github_user(state, sender),
+        "repository": github_repository(state, repo),
+        "sender": github_user(state, sender),
         "installation": {
             "id": installation_id or state.installations.get(repo, 1),
             "node_id": "I_1",

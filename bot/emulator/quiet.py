@@ -1,6 +1,6 @@
 """Emulator routes for quiet reviews: edit a comment or note, resolve a discussion.
 
-Registered by bot.forges.emulator; answers have the shapes GitHub documents
+Registered by bot.emulator; answers have the shapes GitHub documents
 (../shared/openapi) and GitLab's REST API returns.
 """
 
@@ -15,26 +15,22 @@ from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from bot.forges.emulator import (
+from bot.emulator.github_json import github_file, github_user
+from bot.emulator.gitlab import gitlab_pull_of
+from bot.emulator.http import (
     GITHUB_REPO,
     GITLAB_MR,
-    EmulatedPull,
-    EmulatorState,
-    Record,
-    Version,
-    _check_repo_token,
-    _Context,
-    _github_error,
-    _github_file,
-    _github_user,
-    _gitlab_pull_of,
-    _invalid_request,
-    _iso,
-    _public,
-    _Reply,
-    _Route,
-    _route,
+    Context,
+    Reply,
+    Route,
+    check_repo_token,
+    define_route,
+    github_error,
+    invalid_request,
+    iso_time,
+    public_view,
 )
+from bot.emulator.state import EmulatedPull, EmulatorState, Record, Version
 from bot.model import FileChange, Forge
 
 # -- repository history: commits with whole trees, so compare and contents are real diffs ------
@@ -175,13 +171,13 @@ def _blob_sha(text: str) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-async def _github_contents(ctx: _Context) -> Any:
+async def _github_contents(ctx: Context) -> Any:
     repo = f"{ctx.params['owner']}/{ctx.params['repo']}"
-    _check_repo_token(ctx, repo)
+    check_repo_token(ctx, repo)
     path = ctx.params["path"]
     text = history_of(ctx.state).default_trees.get(repo, {}).get(path)
     if text is None:
-        raise _github_error(404, "Not Found")
+        raise github_error(404, "Not Found")
     sha = _blob_sha(text)
     api = f"https://api.github.com/repos/{repo}"
     links = {
@@ -205,15 +201,15 @@ async def _github_contents(ctx: _Context) -> Any:
     }
 
 
-async def _gitlab_file(ctx: _Context) -> Any:
+async def _gitlab_file(ctx: Context) -> Any:
     repo = _gitlab_project_path(ctx)
     ref = ctx.request.query.get("ref")
     if not ref:
-        raise _Reply(400, {"error": "ref is missing"})
+        raise Reply(400, {"error": "ref is missing"})
     path = ctx.params["file_path"]
     text = history_of(ctx.state).default_trees.get(repo, {}).get(path)
     if text is None:
-        raise _Reply(404, {"message": "404 File Not Found"})
+        raise Reply(404, {"message": "404 File Not Found"})
     data = text.encode()
     return {
         "file_name": path.rsplit("/", 1)[-1],
@@ -247,8 +243,8 @@ def _commit_json(state: EmulatorState, repo: str, commit: Commit) -> dict[str, A
             "comment_count": 0,
             "tree": {"sha": commit.sha, "url": f"{api}/git/trees/{commit.sha}"},
         },
-        "author": _github_user(state, "octocat"),
-        "committer": _github_user(state, "octocat"),
+        "author": github_user(state, "octocat"),
+        "committer": github_user(state, "octocat"),
         "parents": (
             [{"sha": commit.parent, "url": f"{api}/commits/{commit.parent}"}]
             if commit.parent
@@ -257,13 +253,13 @@ def _commit_json(state: EmulatorState, repo: str, commit: Commit) -> dict[str, A
     }
 
 
-async def _github_compare(ctx: _Context) -> Any:
+async def _github_compare(ctx: Context) -> Any:
     repo = f"{ctx.params['owner']}/{ctx.params['repo']}"
-    _check_repo_token(ctx, repo)
+    check_repo_token(ctx, repo)
     base, separator, head = ctx.params["basehead"].partition("...")
     history = history_of(ctx.state)
     if not separator or base not in history.commits or head not in history.commits:
-        raise _github_error(404, "Not Found")
+        raise github_error(404, "Not Found")
     head_chain, base_chain = history.ancestors(head), history.ancestors(base)
     merge_base = next((sha for sha in head_chain if sha in set(base_chain)), base)
     ahead_by = head_chain.index(merge_base) if merge_base in head_chain else len(head_chain)
@@ -297,40 +293,40 @@ async def _github_compare(ctx: _Context) -> Any:
         "total_commits": ahead_by,
         "commits": [_commit_json(ctx.state, repo, commit) for commit in commits],
         # GitHub lists at most 300 files of a compare.
-        "files": [_github_file(pull_like, item) for item in files[:300]] if pull_like else [],
+        "files": [github_file(pull_like, item) for item in files[:300]] if pull_like else [],
     }
 
 
-def _gitlab_project_path(ctx: _Context) -> str:
+def _gitlab_project_path(ctx: Context) -> str:
     raw = ctx.params["project"]
     if raw.isdigit():
         path = next((key for key, value in ctx.state.projects.items() if value == int(raw)), None)
     else:
         path = raw if raw in ctx.state.projects else None
     if path is None:
-        raise _Reply(404, {"message": "404 Project Not Found"})
+        raise Reply(404, {"message": "404 Project Not Found"})
     return path
 
 
-async def _gitlab_merge_base(ctx: _Context) -> Any:
+async def _gitlab_merge_base(ctx: Context) -> Any:
     _gitlab_project_path(ctx)
     refs = ctx.request.query.getall("refs[]", [])
     history = history_of(ctx.state)
     if len(refs) < 2 or any(ref not in history.commits for ref in refs):
-        raise _Reply(400, {"message": "Provide at least 2 refs"})
+        raise Reply(400, {"message": "Provide at least 2 refs"})
     first = set(history.ancestors(refs[0]))
     common = next((sha for sha in history.ancestors(refs[1]) if sha in first), None)
     if common is None:
-        raise _Reply(404, {"message": "404 Merge Base Not Found"})
+        raise Reply(404, {"message": "404 Merge Base Not Found"})
     return {"id": common, "short_id": common[:8], "title": f"Commit {common[:7]}"}
 
 
-async def _gitlab_version(ctx: _Context) -> Any:
-    pull = _gitlab_pull_of(ctx)
+async def _gitlab_version(ctx: Context) -> Any:
+    pull = gitlab_pull_of(ctx)
     version_id = int(ctx.params["version_id"])
     version = next((item for item in pull.versions if item.id == version_id), None)
     if version is None:
-        raise _Reply(404, {"message": "404 Not found"})
+        raise Reply(404, {"message": "404 Not found"})
     diffs = [
         {
             "old_path": item.previous_path or item.path,
@@ -358,9 +354,9 @@ async def _gitlab_version(ctx: _Context) -> Any:
     }
 
 
-def _find_github_comment(ctx: _Context) -> tuple[Any, dict[str, Any]]:
+def _find_github_comment(ctx: Context) -> tuple[Any, dict[str, Any]]:
     repo = f"{ctx.params['owner']}/{ctx.params['repo']}"
-    _check_repo_token(ctx, repo)
+    check_repo_token(ctx, repo)
     comment_id = int(ctx.params["comment_id"])
     for pull in ctx.state.pulls.values():
         if pull.forge != "github" or pull.repo != repo:
@@ -368,58 +364,58 @@ def _find_github_comment(ctx: _Context) -> tuple[Any, dict[str, Any]]:
         for comment in pull.comments:
             if comment["id"] == comment_id:
                 return pull, comment
-    raise _github_error(404, "Not Found")
+    raise github_error(404, "Not Found")
 
 
-async def _github_edit_comment(ctx: _Context) -> Any:
+async def _github_edit_comment(ctx: Context) -> Any:
     pull, comment = _find_github_comment(ctx)
     data = await ctx.json()
     body = data.get("body") if isinstance(data, dict) else None
     if not isinstance(body, str) or not body:
-        raise _invalid_request('"body" wasn\'t supplied.')
+        raise invalid_request('"body" wasn\'t supplied.')
     if comment["user"]["login"] != ctx.user:
-        raise _github_error(403, "Resource not accessible by integration")
+        raise github_error(403, "Resource not accessible by integration")
     comment["body"] = body
-    comment["updated_at"] = _iso(ctx.state.clock())
+    comment["updated_at"] = iso_time(ctx.state.clock())
     ctx.state.records.append(
         Record("github", "comment_edit", pull.repo, pull.number, body, {"id": comment["id"]})
     )
-    return _public(comment)
+    return public_view(comment)
 
 
-async def _gitlab_edit_note(ctx: _Context) -> Any:
-    pull = _gitlab_pull_of(ctx)
+async def _gitlab_edit_note(ctx: Context) -> Any:
+    pull = gitlab_pull_of(ctx)
     note_id = int(ctx.params["note_id"])
     note = next((item for item in pull.notes if item["id"] == note_id), None)
     if note is None:
-        raise _Reply(404, {"message": "404 Note Not Found"})
+        raise Reply(404, {"message": "404 Note Not Found"})
     data = await ctx.json()
     body = data.get("body") if isinstance(data, dict) else None
     if not body:
-        raise _Reply(400, {"error": "body is missing"})
+        raise Reply(400, {"error": "body is missing"})
     if note["author"]["username"] != ctx.user:
-        raise _Reply(403, {"message": "403 Forbidden"})
+        raise Reply(403, {"message": "403 Forbidden"})
     note["body"] = body
     note["updated_at"] = ctx.state.clock().isoformat().replace("+00:00", "Z")
     ctx.state.records.append(
         Record("gitlab", "note_edit", pull.repo, pull.number, body, {"id": note_id})
     )
-    return _public(note)
+    return public_view(note)
 
 
-async def _gitlab_resolve_discussion(ctx: _Context) -> Any:
-    pull = _gitlab_pull_of(ctx)
+async def _gitlab_resolve_discussion(ctx: Context) -> Any:
+    pull = gitlab_pull_of(ctx)
     discussion = next(
         (item for item in pull.discussions if item["id"] == ctx.params["discussion_id"]), None
     )
     if discussion is None:
-        raise _Reply(404, {"message": "404 Discussion Not Found"})
+        raise Reply(404, {"message": "404 Discussion Not Found"})
     data = await ctx.json()
     raw = data.get("resolved") if isinstance(data, dict) else None
     if raw is None:
         raw = ctx.request.query.get("resolved")
     if raw in (None, ""):
-        raise _Reply(400, {"error": "resolved is missing"})
+        raise Reply(400, {"error": "resolved is missing"})
     resolved = raw is True or str(raw).lower() == "true"
     for listed in discussion["notes"]:
         if listed.get("resolvable"):
@@ -441,41 +437,41 @@ async def _gitlab_resolve_discussion(ctx: _Context) -> Any:
     return discussion
 
 
-QUIET_ROUTES: tuple[_Route, ...] = (
-    _route(
+QUIET_ROUTES: tuple[Route, ...] = (
+    define_route(
         "github.contents", "GET", f"{GITHUB_REPO}/contents/{{path}}", _github_contents, "github"
     ),
-    _route(
+    define_route(
         "gitlab.file",
         "GET",
         "/api/v4/projects/{project}/repository/files/{file_path}",
         _gitlab_file,
         "gitlab",
     ),
-    _route(
+    define_route(
         "github.compare", "GET", f"{GITHUB_REPO}/compare/{{basehead}}", _github_compare, "github"
     ),
-    _route(
+    define_route(
         "gitlab.merge_base",
         "GET",
         "/api/v4/projects/{project}/repository/merge_base",
         _gitlab_merge_base,
         "gitlab",
     ),
-    _route(
+    define_route(
         "gitlab.version", "GET", f"{GITLAB_MR}/versions/{{version_id}}", _gitlab_version, "gitlab"
     ),
-    _route(
+    define_route(
         "github.comments.edit",
         "PATCH",
         f"{GITHUB_REPO}/issues/comments/{{comment_id}}",
         _github_edit_comment,
         "github",
     ),
-    _route(
+    define_route(
         "gitlab.notes.edit", "PUT", f"{GITLAB_MR}/notes/{{note_id}}", _gitlab_edit_note, "gitlab"
     ),
-    _route(
+    define_route(
         "gitlab.discussions.resolve",
         "PUT",
         f"{GITLAB_MR}/discussions/{{discussion_id}}",
