@@ -6,12 +6,11 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bot.diff import commentable_positions, file_lines, file_value
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
 from bot.model import Job
-from bot.queue.store import Leased
 from bot.review.parse import (
     MAX_BODY_CHARS,
     MAX_FINDINGS_PER_CHUNK,
@@ -22,6 +21,11 @@ from bot.review.parse import (
 )
 from bot.review.prompts import build_messages, review_schema
 from bot.review.repo_settings import chunk_instructions
+
+if TYPE_CHECKING:
+    # Only a type here: the in-process vLLM environment runs this module without the store's
+    # database libraries installed.
+    from bot.queue.store import Leased
 
 logger = logging.getLogger(__name__)
 
@@ -199,8 +203,8 @@ async def review_chunk(
     )
 
 
-RequestBuilder = Callable[[Job | None, Leased], Awaitable[LLMRequest]]
-ChunkReviewer = Callable[[Job | None, Leased, str | None], Awaitable[ChunkReview]]
+RequestBuilder = Callable[[Job | None, "Leased"], Awaitable[LLMRequest]]
+ChunkReviewer = Callable[[Job | None, "Leased", str | None], Awaitable[ChunkReview]]
 
 
 async def default_request(job: Job | None, leased: Leased) -> LLMRequest:
