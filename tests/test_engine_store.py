@@ -61,3 +61,38 @@ async def test_leases_name_their_engine_and_the_load_is_counted_per_engine(
         ("http://gpu0", 1, 120)
     ]
     assert "share of the batch" in report.notes[0]
+
+
+async def test_the_dashboard_draws_each_engines_utilization(
+    store: QueueStore, clock: VirtualClock
+) -> None:
+    from bot.obs.dashboard import read_dashboard, render_dashboard
+
+    await _enqueue(store, clock, 1, 10, 10, 10)
+    for engine, gpu_seconds in (
+        ("http://gpu0", 600.0),
+        ("http://gpu0", 300.0),
+        ("http://gpu1", 360.0),
+    ):
+        leased = await store.fetch_chunk(
+            levels=LEVELS, owner="d", now=clock.now(), lease_s=600, engine=engine
+        )
+        assert leased is not None
+        await store.finish_chunk(
+            leased.chunk.id,
+            owner="d",
+            now=clock.now(),
+            gpu_seconds=gpu_seconds,
+            result={"status": "ok", "usage": {"completion_tokens": 100}},
+        )
+    clock.advance(3600)
+    view = await read_dashboard(store.engine, now=clock.now(), hours=1.0, thresholds={})
+    assert [(work.engine, work.chunks) for work in view.engines] == [
+        ("http://gpu0", 2),
+        ("http://gpu1", 1),
+    ]
+    page = render_dashboard(view)
+    # 900 of 3,600 s busy, and 360 of 3,600 s.
+    assert 'data-engine="http://gpu0" data-value="0.250"' in page
+    assert 'data-engine="http://gpu1" data-value="0.100"' in page
+    assert '<table id="engines">' in page

@@ -73,6 +73,19 @@ class WaitPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineWork:
+    """What one engine did in the window: chunks, busy engine seconds, completion tokens."""
+
+    engine: str
+    chunks: int
+    busy_s: float
+    tokens: int
+
+    def utilization(self, window_s: float) -> float:
+        return min(1.0, self.busy_s / window_s) if window_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class DashboardView:
     """Everything the page shows, read at one instant."""
 
@@ -83,6 +96,8 @@ class DashboardView:
     alerts: Sequence[Mapping[str, Any]] = field(default_factory=list)
     thresholds: Mapping[Level, float] = field(default_factory=dict)
     liveness: Liveness | None = None
+    engines: Sequence[EngineWork] = field(default_factory=list)
+    engines_since: datetime | None = None  # the window the engine work covers
 
 
 async def read_dashboard(
@@ -99,6 +114,10 @@ async def read_dashboard(
     liveness = await read_liveness(engine, now=now, stale_after_s=dispatcher_stale_s)
     rows = await sql.fetch_rows(engine, sql.SELECT_STARTED_WAITS, {"since": since, "until": now})
     alerts = await sql.fetch_rows(engine, sql.SELECT_RECENT_ALERTS, {"limit": 20})
+    engine_rows = await sql.fetch_rows(
+        engine, sql.SELECT_ENGINE_WORK, {"since": since, "until": now}
+    )
+    engines_since = since
     waits = [
         WaitPoint(level=Level(row.level), started_at=row.first_started_at, wait_s=row.wait_s)
         for row in rows
@@ -113,6 +132,16 @@ async def read_dashboard(
         alerts=[dict(row._mapping) for row in alerts],
         thresholds=thresholds,
         liveness=liveness,
+        engines=[
+            EngineWork(
+                engine=str(row.engine),
+                chunks=int(row.chunks),
+                busy_s=float(row.busy_s),
+                tokens=int(row.tokens or 0),
+            )
+            for row in engine_rows
+        ],
+        engines_since=engines_since,
     )
 
 
@@ -280,6 +309,46 @@ def svg_lines(
     return "".join(parts)
 
 
+def svg_engine_utilization(
+    engines: Sequence[EngineWork], *, window_s: float, width: int = 560
+) -> str:
+    """One horizontal bar per engine: the share of the window it was busy."""
+    if not engines:
+        return '<p class="muted" id="engines-none">no engine has finished a chunk yet</p>'
+    row_h, left = 22, 180
+    height = row_h * len(engines) + 10
+    plot_w = width - left - 60
+    parts = [
+        f'<svg class="chart" data-chart="engines" role="img" aria-label="Engine utilization" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'xmlns="http://www.w3.org/2000/svg">',
+        "<title>Engine utilization</title>",
+    ]
+    for index, work in enumerate(engines):
+        share = work.utilization(window_s)
+        y = 5 + index * row_h
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 14}" text-anchor="end" font-size="11">'
+            f"{_e(work.engine[-28:])}</text>"
+            f'<rect class="bar" data-engine="{_e(work.engine)}" data-value="{share:.3f}" '
+            f'x="{left}" y="{y + 3}" width="{plot_w * share:.1f}" height="{row_h - 6}" '
+            f'fill="#4a7ab5"><title>{_e(work.engine)}: busy {share:.0%}</title></rect>'
+            f'<text x="{left + plot_w * share + 4:.1f}" y="{y + 14}" font-size="11">'
+            f"{share:.0%}</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _engine_rows(engines: Sequence[EngineWork], *, window_s: float) -> str:
+    return "".join(
+        f"<tr><td>{_e(work.engine)}</td><td>{work.chunks}</td><td>{work.tokens}</td>"
+        f"<td>{_number(work.busy_s)}</td><td>{work.utilization(window_s):.0%}</td>"
+        f"<td>{_number(work.tokens / work.busy_s) if work.busy_s > 0 else '-'}</td></tr>"
+        for work in engines
+    )
+
+
 def _legend() -> str:
     return "".join(
         f'<span class="key"><i style="background:{color}"></i>{level}</span>'
@@ -367,6 +436,9 @@ def render_dashboard(view: DashboardView) -> str:
         {level: histogram[level] for level in LEVELS},
         title="Wait distribution per level",
     )
+    engine_window_s = (view.now - (view.engines_since or view.since)).total_seconds()
+    engines_chart = svg_engine_utilization(view.engines, window_s=engine_window_s)
+    engine_rows = _engine_rows(view.engines, window_s=engine_window_s)
     oldest = "".join(f"<td>{_number(queue.oldest_wait_s[level])} s</td>" for level in LEVELS)
     ready = "".join(f"<td>{queue.ready_chunks[level]}</td>" for level in LEVELS)
     waiting = "".join(f"<td>{queue.waiting[level]}</td>" for level in LEVELS)
@@ -404,6 +476,12 @@ th {{ background: #f3f3f3; text-align: left; }} .row {{ display: flex; gap: 24px
 <h2>Waits per level</h2>
 <table id="wait-stats"><tr><th>level</th><th>jobs</th><th>mean s</th><th>P50</th><th>P95</th>
 <th>P99</th><th>max</th><th>breaches</th></tr>{_stats_rows(view)}</table></div></div>
+<h2>Engines</h2>
+<p class="muted">busy share of each LLM server over the window: the engine seconds its chunks
+were charged (each its share of the batch it ran in) over the window's length</p>
+<div class="row"><div>{engines_chart}</div><div>
+<table id="engines"><tr><th>engine</th><th>chunks</th><th>tokens</th><th>busy s</th>
+<th>utilization</th><th>tokens per busy s</th></tr>{engine_rows}</table></div></div>
 <h2>Recent alerts</h2>
 <table id="alerts"><tr><th>fired</th><th>level</th><th>review</th><th>waited</th>
 <th>state now</th></tr>{_alert_rows(view.alerts)}</table>

@@ -89,6 +89,21 @@ SELECT_STARTED_WAITS = _sql(
 )
 
 
+# Work per engine (LLM server) finished in a window: the engine seconds its chunks were
+# charged (their shares of each batch add up to the time the engine was busy) and tokens.
+SELECT_ENGINE_WORK = _sql(
+    """
+    SELECT engine, count(*) AS chunks, COALESCE(sum(gpu_seconds), 0) AS busy_s,
+           sum(COALESCE((result -> 'usage' ->> 'completion_tokens')::bigint, 0)) AS tokens
+    FROM review_chunks
+    WHERE state = 'done' AND engine IS NOT NULL
+      AND finished_at >= :since AND finished_at <= :until
+    GROUP BY engine
+    ORDER BY engine
+    """
+)
+
+
 # A dispatcher's heartbeat: its row, created on the first beat, refreshed on every other.
 UPSERT_DISPATCHER = _sql(
     """
