@@ -139,6 +139,8 @@ class Settings:
     llm_api_key: str | None = None
     llm_pass_priority: bool = True
     llm_timeout_s: float = 600.0
+    # Answer tokens asked for per chunk (the chunk budget leaves room for them).
+    llm_max_tokens: int = 1024
     # vLLM's constrained decoding keeps even small models to the output contract.
     llm_response_format: str | None = "json_schema"
     max_body_bytes: int = 25 * 1024 * 1024
@@ -204,6 +206,13 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError as exc:
         raise ConfigError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _positive_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = _int(environ, name, default)
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1, got {value}")
+    return value
 
 
 def _float(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -356,6 +365,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         llm_api_key=_secret(env, "REVIEW_BOT_LLM_API_KEY"),
         llm_pass_priority=_bool(env, "REVIEW_BOT_LLM_PRIORITY", True),
         llm_timeout_s=_float(env, "REVIEW_BOT_LLM_TIMEOUT_S", 600.0),
+        llm_max_tokens=_positive_int(env, "REVIEW_BOT_LLM_MAX_TOKENS", 1024),
         llm_response_format=_response_format(env.get("REVIEW_BOT_LLM_RESPONSE_FORMAT")),
         max_body_bytes=_int(env, "REVIEW_BOT_MAX_BODY_BYTES", 25 * 1024 * 1024),
         admin_token=_secret(env, "REVIEW_BOT_ADMIN_TOKEN"),

@@ -31,8 +31,6 @@ from bot.sched.engine_pool import EnginePool, EngineProbe
 log = logging.getLogger(__name__)
 
 IN_PROCESS_ENGINE = "in-process"
-# Answer tokens the review asks for (bot.review.engine.review_chunk's max_tokens).
-ANSWER_TOKENS = 1024
 
 
 def engine_names(settings: Settings) -> tuple[str, ...]:
@@ -90,7 +88,7 @@ async def served_line_budget(settings: Settings, *, ceiling: int = DEFAULT_LINE_
                 continue
             budget = chunk_line_budget(
                 info.max_model_len,
-                max_tokens=ANSWER_TOKENS,
+                max_tokens=settings.llm_max_tokens,
                 fixed_prompt_tokens=fixed_prompt_tokens(),
                 ceiling=ceiling,
             )

@@ -49,6 +49,7 @@ def build_pipeline(
     instructions: str | None = None,
     quiet: QuietPosting | None = None,
     engines: EnginePool | None = None,
+    answer_tokens: int = 1024,
 ) -> Pipeline:
     """Wire planner, dispatcher and poster over one store.
 
@@ -63,7 +64,12 @@ def build_pipeline(
         store,
         backend,
         plan_jobs=reviews.plan_jobs,
-        reviewer=chunk_reviewer(backend, build_request=build_request, instructions=instructions),
+        reviewer=chunk_reviewer(
+            backend,
+            build_request=build_request,
+            instructions=instructions,
+            max_tokens=answer_tokens,
+        ),
         settings=dispatcher,
         clock=clock,
         on_job_complete=reviews.job_completed,

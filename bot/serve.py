@@ -170,6 +170,7 @@ async def serve(
                 quiet=quiet_posting(settings, store),
                 # One window of chunks per LLM server (plain slots for the simulated backend).
                 engines=engine_pool_for(settings, backend, now=clock.now(), metrics=metrics),
+                answer_tokens=settings.llm_max_tokens,
             )
             dispatcher = pipeline.dispatcher
             background.append(asyncio.create_task(dispatcher.run(database_url=url)))

@@ -41,6 +41,7 @@ class CountingServer:
         self.served = 0
         self.refused = 0
         self.priorities: list[int] = []
+        self.max_tokens: set[int] = set()
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -52,6 +53,7 @@ class CountingServer:
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         self.priorities.append(int(body.get("priority", -1)))
+        self.max_tokens.add(int(body["max_tokens"]))
         try:
             await asyncio.sleep(self.delay_s)
         finally:
@@ -141,6 +143,7 @@ def _dispatcher(
         ),
         planning=PlanningSettings(line_budget=400),
         engines=pool,
+        answer_tokens=256,
     ).dispatcher
 
 
@@ -164,6 +167,7 @@ async def test_each_engine_runs_a_window_of_chunks_and_no_more(db_url: str) -> N
         await dispatcher.backend.close()
     for server in servers:
         assert server.most == 3  # the window filled, and never more
+        assert server.max_tokens == {256}  # the configured answer budget
         assert server.served >= 6  # both engines did their share
     async with store.engine.connect() as conn:
         rows = (

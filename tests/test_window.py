@@ -205,6 +205,10 @@ def test_window_bounds_come_from_the_environment() -> None:
         load_settings({"REVIEW_BOT_WINDOW_FLOOR": "8", "REVIEW_BOT_WINDOW_CEILING": "4"})
     with pytest.raises(ConfigError, match="--max-num-seqs 48"):
         load_settings({"REVIEW_BOT_LLM_MAX_NUM_SEQS": "48"})
+    assert load_settings({}).llm_max_tokens == 1024
+    assert load_settings({"REVIEW_BOT_LLM_MAX_TOKENS": "160"}).llm_max_tokens == 160
+    with pytest.raises(ConfigError, match="REVIEW_BOT_LLM_MAX_TOKENS"):
+        load_settings({"REVIEW_BOT_LLM_MAX_TOKENS": "0"})
 
 
 def test_the_ceiling_must_leave_a_place_for_p0_under_max_num_seqs() -> None:

@@ -228,6 +228,7 @@ def chunk_reviewer(
     *,
     build_request: RequestBuilder = default_request,
     instructions: str | None = None,
+    max_tokens: int = 1024,
 ) -> ChunkReviewer:
     """What the dispatcher runs for a leased chunk: prompt, call and parse it (one stricter
     retry on malformed output), with the server's and the repository's instructions, on the
@@ -245,6 +246,7 @@ def chunk_reviewer(
             level=int(chunk.level),
             metadata=metadata,
             instructions=chunk_instructions(job, chunk.files, instructions),
+            max_tokens=max_tokens,
         )
 
     return review
