@@ -130,7 +130,7 @@ class CommandInbox:
         self, *, owner: str, now: datetime, limit: int, lease_s: float, max_age_s: float
     ) -> list[ClaimedDelivery]:
         """Take up to `limit` pending deliveries (or ones stuck past `lease_s`) for `owner`."""
-        async with self.store._transaction() as conn:
+        async with self.store.connector.transaction() as conn:
             rows = (
                 await conn.execute(
                     CLAIM_PENDING_COMMANDS,
@@ -164,7 +164,7 @@ class CommandInbox:
         job_id: int | None,
     ) -> bool:
         """Record what the delivery's commands did; False when another worker took it over."""
-        async with self.store._transaction() as conn:
+        async with self.store.connector.transaction() as conn:
             row = (
                 await conn.execute(
                     MARK_COMMAND_DONE,
@@ -223,13 +223,13 @@ class CommandInbox:
         )
 
     async def _update_held(self, statement: Any, params: Mapping[str, Any]) -> bool:
-        async with self.store._transaction() as conn:
+        async with self.store.connector.transaction() as conn:
             row = (await conn.execute(statement, dict(params))).first()
         return row is not None
 
     async def count_raises_today(self, *, forge: str, actor: str, now: datetime) -> int:
         """Accepted raises by `actor` on `forge` since midnight UTC of `now`."""
-        async with self.store._transaction() as conn:
+        async with self.store.connector.transaction() as conn:
             value = (
                 await conn.execute(
                     COUNT_RAISES_TODAY,
@@ -240,7 +240,7 @@ class CommandInbox:
 
     async def executed_commands(self, delivery: ClaimedDelivery) -> set[int]:
         """Indexes of this delivery's commands already in a job history."""
-        async with self.store._transaction() as conn:
+        async with self.store.connector.transaction() as conn:
             rows = (
                 await conn.execute(
                     SELECT_EXECUTED_COMMANDS,

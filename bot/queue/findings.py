@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.diff import Side
 from bot.queue import findings_sql as sql
-from bot.queue.store import _database_errors
+from bot.queue.connector import database_errors
 
 FindingState = Literal["open", "resolved"]
 
@@ -79,7 +79,7 @@ class FindingStore:
         self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     async def _rows(self, statement: Any, params: dict[str, Any]) -> list[Any]:
-        with _database_errors():
+        with database_errors():
             async with self._engine.connect() as conn:
                 result = await conn.execute(statement, params)
                 return list(result.all()) if result.returns_rows else []

@@ -1,0 +1,96 @@
+"""Posting a finished review: which jobs wait for it, who holds the claim, when to retry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from bot.model import Job
+from bot.queue import jobs_sql
+from bot.queue.base import StorePart
+from bot.queue.history import write_history
+from bot.queue.records import job_from_row
+
+
+class PostingClaims(StorePart):
+    """Finished jobs waiting to be posted, claimed by one poster at a time, deferred on failure."""
+
+    async def unposted_jobs(self, *, limit: int = 10, now: datetime | None = None) -> list[Job]:
+        """Jobs whose chunks are all done but whose review was not posted (crash recovery).
+
+        With `now`, jobs whose last posting try set a later retry time are left out.
+        """
+        rows = await self.connector.fetch_all(
+            jobs_sql.SELECT_UNPOSTED_JOBS, {"limit": limit, "now": now}
+        )
+        return [job_from_row(row) for row in rows]
+
+    async def claim_posting(
+        self, job_id: int, *, owner: str, now: datetime, lease_s: float
+    ) -> bool:
+        """Claim a running job's posting for `lease_s`; False while another poster holds it."""
+        async with self.connector.single_statement() as conn:
+            row = (
+                await conn.execute(
+                    jobs_sql.CLAIM_POSTING,
+                    {
+                        "job_id": job_id,
+                        "owner": owner,
+                        "now": now,
+                        "until": (now + timedelta(seconds=lease_s)).isoformat(),
+                    },
+                )
+            ).first()
+        return row is not None
+
+    async def renew_posting_claims(
+        self, job_ids: Sequence[int], *, owner: str, now: datetime, lease_s: float
+    ) -> int:
+        """Extend the posting claims `owner` holds on `job_ids`; returns how many it holds."""
+        if not job_ids:
+            return 0
+        async with self.connector.single_statement() as conn:
+            rows = (
+                await conn.execute(
+                    jobs_sql.RENEW_POSTING_CLAIMS,
+                    {
+                        "job_ids": list(job_ids),
+                        "owner": owner,
+                        "until": (now + timedelta(seconds=lease_s)).isoformat(),
+                    },
+                )
+            ).all()
+        return len(rows)
+
+    async def defer_job(
+        self, job_id: int, *, now: datetime, retry_at: datetime, error: str, kind: str
+    ) -> int | None:
+        """Count a failed `kind` try (planning, posting) and set its retry time.
+
+        Returns how many `kind` tries failed so far, or None when the job has ended.
+        """
+        async with self.connector.transaction() as conn:
+            row = (
+                await conn.execute(
+                    jobs_sql.DEFER_JOB,
+                    {
+                        "job_id": job_id,
+                        "error": error[:4000],
+                        "retry_at": retry_at.isoformat(),
+                        "counter": f"{kind}_attempts",
+                    },
+                )
+            ).first()
+            if row is None:
+                return None
+            await write_history(
+                conn,
+                job_id=job_id,
+                now=now,
+                kind="state",
+                from_value=row.state,
+                to_value=row.state,
+                reason=f"{kind} try {row.tries} failed, next at {retry_at.isoformat()}: {error}",
+                actor=kind,
+            )
+        return int(row.tries)
