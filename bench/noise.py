@@ -168,7 +168,8 @@ async def run_mode(database_url: str, week: list[Scenario], *, quiet: bool) -> C
     book = load_policy_book(DEFAULT_POLICY_DIR)
     backend = SimulatedBackend()
     counts = Counts(prs=len(week))
-    store = QueueStore.from_url(database_url)
+    # As `bot serve` builds it for the mode: quiet reviews let a running review finish.
+    store = QueueStore.from_url(database_url, settings=QueueSettings(supersede_running=not quiet))
     started = time.perf_counter()
     async with ForgeEmulator(state) as emulator:
         settings = Settings(
