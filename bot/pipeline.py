@@ -18,9 +18,10 @@ from bot.review.forge_side import ReviewPipeline
 from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
 from bot.review.quiet_post import QuietPosting
-from bot.sched.dispatcher import ChunkPreempted, Dispatcher, DispatcherSettings
+from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import ServiceEstimator
+from bot.sched.ports import ChunkPreempted
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from bot.llm.batching import BatchedEngine, BatchingProfile, Finished
 from bot.queue.store import Leased
-from bot.sched.dispatcher import ReviewedChunk
+from bot.sched.ports import ReviewedChunk
 
 
 @dataclass(frozen=True, slots=True)

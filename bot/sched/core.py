@@ -1,0 +1,498 @@
+"""The dispatcher's steps: plan, choose a level, lease, preempt, finish, fail, age, reclaim."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from bot.clock import Clock
+from bot.config import SchedulerSettings
+from bot.errors import LeaseLost, LLMError
+from bot.llm.base import LLMBackend
+from bot.model import LEVELS, JobState, Level
+from bot.obs.metrics import Metrics
+from bot.queue.store import ChunkOutcome, Leased, QueueStore
+from bot.sched.engine_pool import EnginePool
+from bot.sched.mlfq import (
+    CONTINUATION_RANK_OFFSET,
+    SCHEDULING_POLICIES,
+    MlfqSettings,
+    RunningCall,
+    SchedulingPolicy,
+    ServiceEstimator,
+    SlotChoice,
+    apply_feedback,
+    choose_preemption,
+    choose_slot,
+    expected_chunk_s,
+)
+from bot.sched.ports import (
+    ChunkPreempted,
+    ChunkReviewer,
+    JobCompleted,
+    PlanJobs,
+    ReviewedChunk,
+)
+from bot.sched.ranking import ContinuationRanks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherSettings:
+    """How one dispatcher process runs."""
+
+    policy: SchedulingPolicy = "mlfq"
+    slots: int = 8
+    owner: str = "dispatcher"
+    lease_s: float = 300.0
+    heartbeat_s: float = 30.0
+    poll_s: float = 5.0
+    maintenance_s: float = 60.0  # aging and lease reclaim period
+    outage_backoff_s: float = 1.0  # first pause after the database is lost
+    mlfq: MlfqSettings = field(default_factory=MlfqSettings)
+
+    @classmethod
+    def from_scheduler(
+        cls,
+        settings: SchedulerSettings,
+        *,
+        owner: str,
+        policy: SchedulingPolicy = "mlfq",
+        outage_backoff_s: float = 1.0,
+    ) -> DispatcherSettings:
+        """Settings from the bot's SchedulerSettings."""
+        return cls(
+            outage_backoff_s=outage_backoff_s,
+            policy=policy,
+            slots=settings.workers,
+            owner=owner,
+            lease_s=settings.lease_s,
+            heartbeat_s=settings.heartbeat_s,
+            poll_s=settings.poll_s,
+            mlfq=MlfqSettings.from_scheduler_settings(settings),
+        )
+
+
+@dataclass(slots=True)
+class _Load:
+    running: dict[Level, int]
+    ready: dict[Level, int]
+    fresh: dict[Level, int]
+    short_ready: dict[Level, int]
+    running_long: int
+
+
+class DispatcherCore:
+    """N worker slots over one queue store; decisions come from bot.sched.mlfq.
+
+    These are the steps: the live loop (bot.sched.dispatcher.Dispatcher) runs them as work
+    arrives, the replay drives them under a virtual clock.
+    """
+
+    def __init__(
+        self,
+        store: QueueStore,
+        backend: LLMBackend,
+        *,
+        plan_jobs: PlanJobs,
+        reviewer: ChunkReviewer,
+        settings: DispatcherSettings,
+        clock: Clock,
+        on_job_complete: JobCompleted | None = None,
+        estimator: ServiceEstimator | None = None,
+        metrics: Metrics | None = None,
+        on_preempt: ChunkPreempted | None = None,
+        engines: EnginePool | None = None,
+    ) -> None:
+        self.store = store
+        # With engines, the slots are the engines' windows and each chunk names its engine;
+        # without, `settings.slots` calls run on whatever the backend picks.
+        self.engines = engines
+        self.backend = backend
+        self.settings = settings
+        self.clock = clock
+        self.reviewer = reviewer
+        self.on_job_complete = on_job_complete
+        self.plan_jobs = plan_jobs
+        self.metrics = metrics
+        self.estimator = estimator or ServiceEstimator.with_prior()
+        self.held: dict[int, Leased] = {}
+        self.ranks = ContinuationRanks(store)
+        self.level_changes = 0
+        self.on_preempt = on_preempt
+        self.preemptions = 0
+        # When to look at the queue again although nothing happened: a P0 review waits for a
+        # call expected to end within the preemption grace, and must not wait longer.
+        self.recheck_at: datetime | None = None
+        self._p0_waiting_since: datetime | None = None
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Live mode: the LLM call of each running chunk, so preemption can cancel it.
+        self._live = False
+        self._calls: dict[int, asyncio.Task[ReviewedChunk]] = {}
+        self._preempted: set[int] = set()
+        self._next_maintenance = 0.0
+        self._started: set[int] = set()  # live mode: chunks whose task was started
+
+    # --- pure-ish steps (the replay drives these under a virtual clock) ---------------------
+
+    @property
+    def free_slots(self) -> int:
+        if self.engines is not None:
+            return self.engines.free
+        return max(0, self.settings.slots - len(self.held))
+
+    @property
+    def total_slots(self) -> int:
+        return self.engines.capacity if self.engines is not None else self.settings.slots
+
+    async def plan_unplanned_jobs(self, now: datetime) -> int:
+        """Plan jobs whose diff is not chunked yet; returns how many jobs planning handled.
+
+        The chunk sizes and ranks of what was planned stay in the per-job record, so the
+        job's continuations are re-ranked as its chunks start and finish.
+        """
+        outcomes = await self.plan_jobs(now, self.estimator)
+        if self.settings.policy == "mlfq":
+            for outcome in outcomes:
+                self.ranks.remember(outcome)
+        return len(outcomes)
+
+    async def _read_load(self, now: datetime) -> _Load:
+        load = await self.store.level_load(
+            now=now,
+            fresh_below=CONTINUATION_RANK_OFFSET,
+            short_rank=self.settings.mlfq.short_work_s,
+        )
+        return _Load(
+            running=dict(load.running),
+            ready=dict(load.ready),
+            fresh=dict(load.fresh),
+            short_ready=dict(load.short_ready),
+            running_long=load.running_long,
+        )
+
+    def _choose(self, load: _Load, free: int) -> SlotChoice | None:
+        if self.settings.policy != "mlfq":
+            return SlotChoice(levels=LEVELS, reason=self.settings.policy)
+        return choose_slot(
+            running=load.running,
+            ready=load.ready,
+            fresh=load.fresh,
+            short_ready=load.short_ready,
+            running_long=load.running_long,
+            free_slots=free,
+            total_slots=self.total_slots,
+            settings=self.settings.mlfq,
+        )
+
+    async def fill_slots(self, now: datetime) -> list[Leased]:
+        """Lease a chunk for each free slot the scheduler wants filled; returns them.
+
+        Under mlfq a new P0 review that finds no free slot takes one back from a running
+        lower-level chunk (see `preempt`), then gets it here.
+        """
+        leased: list[Leased] = []
+        if self._stopping.is_set():
+            return leased
+        preempting = self.settings.policy == "mlfq" and self.settings.mlfq.preempt
+        if self.engines is not None:
+            await self.engines.refresh(self.store.engine_load)
+        if self.free_slots == 0 and not preempting:
+            return leased
+        load = await self._read_load(now) if self.settings.policy == "mlfq" else None
+        leased = await self._lease(load, now)
+        if load is not None and preempting:
+            taken = await self.preempt(load, now)
+            if taken:
+                leased += await self._lease(load, now)
+                await self.preempt(load, now)  # reset the wait, or a recheck if P0 still waits
+        return leased
+
+    async def _lease(self, load: _Load | None, now: datetime) -> list[Leased]:
+        leased: list[Leased] = []
+        retried = False
+        while True:
+            engine = None
+            if self.engines is not None:
+                engine = self.engines.pick(p0=False)
+                if engine is None and load is not None and load.fresh.get(Level.P0, 0) > 0:
+                    # Every window is full: a new P0 review takes a place above one, which
+                    # the server admits at once (the ceiling stays under --max-num-seqs).
+                    engine = self.engines.pick(p0=True)
+                    choice: SlotChoice | None = SlotChoice(levels=(Level.P0,), reason="p0 place")
+                elif engine is None:
+                    break
+                elif load is None:
+                    choice = SlotChoice(levels=LEVELS)
+                else:
+                    choice = self._choose(load, max(1, self.free_slots))
+                if engine is None:
+                    break
+            elif self.free_slots <= 0:
+                break
+            elif load is None:
+                choice = SlotChoice(levels=LEVELS)
+            else:
+                choice = self._choose(load, self.free_slots)
+            if choice is None:
+                break
+            got = await self.store.fetch_chunk(
+                levels=choice.levels,
+                owner=self.settings.owner,
+                now=now,
+                lease_s=self.settings.lease_s,
+                max_rank=choice.max_rank,
+                engine=None if engine is None else engine.name,
+            )
+            if got is None:
+                if load is None or retried:
+                    break
+                # Another process took what the counts promised: look again, once.
+                load = await self._read_load(now)
+                retried = True
+                continue
+            self.held[got.chunk.id] = got
+            leased.append(got)
+            if self.engines is not None and engine is not None:
+                self.engines.take(engine, got.chunk.id, now)
+            if load is not None:
+                self._account(load, got)
+                await self.ranks.after_lease(got, now, self.estimator)
+        return leased
+
+    async def preempt(self, load: _Load, now: datetime) -> list[Leased]:
+        """Take back running lower-level chunks for new P0 reviews that have no free slot.
+
+        The chunk's call is cancelled (live) or dropped (replay, through `on_preempt`), and the
+        chunk goes back to the queue with its level and rank, no attempt counted.
+        """
+        waiting = load.fresh.get(Level.P0, 0)
+        if waiting <= 0 or self._stopping.is_set():
+            self._p0_waiting_since = None
+            self.recheck_at = None
+            return []
+        if self._p0_waiting_since is None:
+            self._p0_waiting_since = now
+        waited_s = (now - self._p0_waiting_since).total_seconds()
+        choice = choose_preemption(
+            waiting=waiting,
+            free_slots=self.free_slots,
+            running=self._running_calls(now),
+            waited_s=waited_s,
+            settings=self.settings.mlfq,
+        )
+        self.recheck_at = (
+            None if choice.recheck_in_s is None else now + timedelta(seconds=choice.recheck_in_s)
+        )
+        taken: list[Leased] = []
+        for chunk_id in choice.victims:
+            victim = self.held.get(chunk_id)
+            if victim is None or not self._cancel_call(chunk_id):
+                continue
+            del self.held[chunk_id]
+            chunk = victim.chunk
+            used_s = (now - chunk.started_at).total_seconds() if chunk.started_at else 0.0
+            if self.engines is not None:
+                shared = self.engines.abandoned(chunk_id, now)
+                used_s = used_s if shared is None else shared
+            await self.store.release_chunk(
+                chunk_id,
+                owner=self.settings.owner,
+                now=now,
+                reason=choice.reason,
+                gpu_seconds=used_s,
+            )
+            self.preemptions += 1
+            log.info(
+                "preempted chunk %s of job %s (%s) for P0 work: %s",
+                chunk_id,
+                chunk.job_id,
+                chunk.level,
+                choice.reason,
+                extra={"action": "preempt", "job_id": chunk.job_id},
+            )
+            if self.on_preempt is not None:
+                await self.on_preempt(victim, now)
+            rank = float(victim.extra.get("rank", 0.0))
+            load.running[chunk.level] = max(0, load.running.get(chunk.level, 0) - 1)
+            load.ready[chunk.level] = load.ready.get(chunk.level, 0) + 1
+            if rank < CONTINUATION_RANK_OFFSET:
+                load.fresh[chunk.level] = load.fresh.get(chunk.level, 0) + 1
+            if rank <= self.settings.mlfq.short_work_s:
+                load.short_ready[chunk.level] = load.short_ready.get(chunk.level, 0) + 1
+            else:
+                load.running_long = max(0, load.running_long - 1)
+            taken.append(victim)
+        return taken
+
+    def _running_calls(self, now: datetime) -> list[RunningCall]:
+        calls: list[RunningCall] = []
+        for chunk_id, held in self.held.items():
+            if self._live and chunk_id not in self._calls:
+                continue  # not in its LLM call (starting or storing its result)
+            chunk = held.chunk
+            facts = self.ranks.known(chunk.job_id)
+            started = chunk.started_at or now
+            calls.append(
+                RunningCall(
+                    chunk_id=chunk_id,
+                    level=chunk.level,
+                    elapsed_s=max(0.0, (now - started).total_seconds()),
+                    expected_s=expected_chunk_s(
+                        chunk_lines=chunk.lines,
+                        job_lines=facts.total_lines if facts is not None else chunk.lines,
+                        estimator=self.estimator,
+                    ),
+                )
+            )
+        return calls
+
+    def _cancel_call(self, chunk_id: int) -> bool:
+        """Live mode: cancel the chunk's LLM call (the HTTP request is aborted) if still on."""
+        if not self._live:
+            return True
+        call = self._calls.get(chunk_id)
+        if call is None or call.done():
+            return False
+        self._preempted.add(chunk_id)
+        call.cancel()
+        return True
+
+    def _account(self, load: _Load, leased: Leased) -> None:
+        level = leased.chunk.level
+        rank = float(leased.extra.get("rank", 0.0))
+        load.running[level] = load.running.get(level, 0) + 1
+        load.ready[level] = max(0, load.ready.get(level, 0) - 1)
+        if rank < CONTINUATION_RANK_OFFSET:
+            load.fresh[level] = max(0, load.fresh.get(level, 0) - 1)
+        if rank <= self.settings.mlfq.short_work_s:
+            load.short_ready[level] = max(0, load.short_ready.get(level, 0) - 1)
+        else:
+            load.running_long += 1
+
+    async def finish_chunk(
+        self,
+        leased: Leased,
+        *,
+        gpu_seconds: float,
+        result: Mapping[str, Any],
+        now: datetime,
+    ) -> ChunkOutcome | None:
+        """Store a finished chunk, learn from it, apply feedback; None when the lease was lost."""
+        chunk = leased.chunk
+        self.held.pop(chunk.id, None)
+        try:
+            outcome = await self.store.finish_chunk(
+                chunk.id,
+                owner=self.settings.owner,
+                now=now,
+                gpu_seconds=gpu_seconds,
+                result=result,
+            )
+        except LeaseLost:
+            log.warning(
+                "lost the lease of chunk %s",
+                chunk.id,
+                extra={"action": "lease_lost", "job_id": chunk.job_id},
+            )
+            return None
+        if self.settings.policy == "mlfq":
+            facts = await self.ranks.facts_of(chunk.job_id, self.estimator)
+            if facts is not None and facts.total_lines > 0:
+                self.estimator = self.estimator.observe(
+                    chunk_lines=chunk.lines,
+                    job_lines=facts.total_lines,
+                    gpu_seconds=gpu_seconds,
+                )
+            await self._feedback(outcome, now)
+            if facts is not None and not outcome.job_complete:
+                await self.ranks.after_finish(
+                    chunk.job_id, facts, chunk.lines, gpu_seconds, now, self.estimator
+                )
+        if outcome.job_complete:
+            await self._job_done(outcome.job_id, now)
+        return outcome
+
+    async def _feedback(self, outcome: ChunkOutcome, now: datetime) -> None:
+        if outcome.job_complete or outcome.level is None or outcome.base_level is None:
+            return
+        # A job above its own level runs there for a reason (inheritance or aging): it keeps it.
+        if outcome.level < outcome.base_level:
+            return
+        change = apply_feedback(
+            level=outcome.level,
+            used_at_level_s=outcome.level_gpu_seconds,
+            settings=self.settings.mlfq,
+        )
+        if change is None:
+            return
+        changed = await self.store.set_level(
+            outcome.job_id, change.level, now=now, reason=change.reason, actor="scheduler"
+        )
+        if changed:
+            self.level_changes += 1
+
+    async def fail(self, leased: Leased, error: LLMError, now: datetime) -> ChunkOutcome | None:
+        """Count a failed call: the store retries it later or ends the job dead."""
+        self.held.pop(leased.chunk.id, None)
+        try:
+            outcome = await self.store.fail_chunk(
+                leased.chunk.id,
+                owner=self.settings.owner,
+                now=now,
+                error=str(error),
+                retryable=error.retryable,
+            )
+        except LeaseLost:
+            return None
+        if outcome.job_dead and self.metrics is not None:
+            self.metrics.count_dead()
+        return outcome
+
+    async def _job_done(self, job_id: int, now: datetime) -> None:
+        self.ranks.forget(job_id)
+        if self.on_job_complete is not None:
+            await self.on_job_complete(job_id, now)
+        else:
+            await self.store.finish_job(job_id, now=now, state=JobState.DONE)
+
+    async def maintain(self, now: datetime) -> None:
+        """Periodic work: aging (mlfq) and reclaiming leases of dead workers."""
+        if self.settings.policy == "mlfq":
+            raised = await self.store.apply_aging(
+                now=now, interval_s=self.settings.mlfq.aging_interval_s
+            )
+            self.level_changes += raised
+        reclaimed = await self.store.reclaim_expired(now=now)
+        if reclaimed and self.metrics is not None:
+            self.metrics.count_reclaims(reclaimed)
+
+    async def release_all(self, now: datetime) -> int:
+        """Give back every chunk this process holds (shutdown)."""
+        released = 0
+        for chunk_id in list(self.held):
+            if await self.store.release_chunk(chunk_id, owner=self.settings.owner, now=now):
+                released += 1
+            self.held.pop(chunk_id, None)
+            if self.engines is not None:
+                self.engines.abandoned(chunk_id, now)
+        return released
+
+
+def settings_for(policy: SchedulingPolicy, base: DispatcherSettings) -> DispatcherSettings:
+    """The same dispatcher settings under another scheduling policy."""
+    if policy not in SCHEDULING_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}: expected one of {SCHEDULING_POLICIES}")
+    return replace(base, policy=policy)
+
+
+def level_counts(values: Mapping[Level, int]) -> str:
+    """`P0=1 P1=3 ...` for logs."""
+    return " ".join(f"{level}={values.get(level, 0)}" for level in LEVELS)
