@@ -353,6 +353,19 @@ def code(text: str) -> str:
 _REPLACEMENTS = {"`": "'", "<": "‹", ">": "›"}
 
 
+_UNSAFE_ERROR_TEXT = re.compile(r"[\x00-\x1f\x7f\u2028\u2029<>@]")
+MAX_ERROR_CHARS = 300
+
+
+def clean_error(error: str) -> str:
+    """A parser error as safe reply text: no HTML, no mentions, no control characters."""
+    replacements = {"<": "‹", ">": "›", "@": "@\u200b"}
+    cleaned = _UNSAFE_ERROR_TEXT.sub(lambda match: replacements.get(match.group(), " "), error)
+    if len(cleaned) > MAX_ERROR_CHARS:
+        cleaned = cleaned[: MAX_ERROR_CHARS - 3] + "..."
+    return "Refused: " + cleaned
+
+
 def render_reply(lines: Sequence[str], *, author: str, marker: str = "") -> str:
     """One reply comment for all commands of a comment, marked as the bot's own (and with
     `marker`, which a retry finds it by)."""

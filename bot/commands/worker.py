@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -18,6 +17,7 @@ from bot.commands.decide import (
     CommandDecision,
     SlashRules,
     Standing,
+    clean_error,
     decide,
     estimate_start_s,
     render_reply,
@@ -28,6 +28,7 @@ from bot.commands.inbox import (
     REPLY_PENDING_OUTCOME,
     ClaimedDelivery,
     CommandInbox,
+    commands_of,
 )
 from bot.commands.outbox import OutboxItem, build_outbox, run_outbox_pass
 from bot.errors import ForgeError, StoreError
@@ -45,12 +46,7 @@ from bot.review.deferral import RetryBudget
 
 log = logging.getLogger(__name__)
 
-# The parser turns `/review priority p0` into an error text; the worker makes it a command again
-# so the refusal names this repository's P0 triggers and lands in the job history.
-_P0_ERROR = re.compile(r"Line \d+: P0 cannot be set by a command")
-_UNSAFE_ERROR_TEXT = re.compile(r"[\x00-\x1f\x7f\u2028\u2029<>@]")
 _NEEDS_PERMISSION = frozenset({"priority", "cancel", "review"})
-MAX_ERROR_CHARS = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,54 +556,11 @@ class CommandWorker:
             )
 
 
-def commands_of(delivery: ClaimedDelivery, *, forge: Forge) -> tuple[list[Command], list[str]]:
-    """The delivery's commands (P0 errors made commands again) and its other parse errors."""
-    detail = delivery.detail
-    common: dict[str, Any] = {
-        "forge": forge,
-        "repo": str(detail.get("repo") or ""),
-        "number": int(detail.get("number") or 0),
-        "author": str(detail.get("author") or ""),
-        "comment_id": int(detail.get("comment_id") or 0),
-        "project_id": detail.get("project_id"),
-        "installation_id": detail.get("installation_id"),
-        "delivery_id": delivery.delivery_id,
-    }
-    commands = [
-        Command(
-            verb=str(item.get("verb") or ""),
-            argument=item.get("argument"),
-            raw=str(item.get("raw") or ""),
-            **common,
-        )
-        for item in detail.get("commands") or ()
-        if isinstance(item, Mapping)
-    ]
-    errors: list[str] = []
-    for error in detail.get("errors") or ():
-        if _P0_ERROR.match(str(error)):
-            commands.append(
-                Command(verb="priority", argument="P0", raw="/review priority p0", **common)
-            )
-        else:
-            errors.append(str(error))
-    return commands, errors
-
-
 def request_of(job: Job) -> ReviewRequest | None:
     """The job's stored request for a new review of it (None when fields are missing); the new
     job is not the old delivery's."""
     request = request_from_json(job.request)
     return None if request is None else replace(request, delivery_id=None)
-
-
-def clean_error(error: str) -> str:
-    """A parser error as safe reply text: no HTML, no mentions, no control characters."""
-    replacements = {"<": "‹", ">": "›", "@": "@\u200b"}
-    cleaned = _UNSAFE_ERROR_TEXT.sub(lambda match: replacements.get(match.group(), " "), error)
-    if len(cleaned) > MAX_ERROR_CHARS:
-        cleaned = cleaned[: MAX_ERROR_CHARS - 3] + "..."
-    return "Refused: " + cleaned
 
 
 def _unchanged(decision: CommandDecision, why: str) -> CommandDecision:
