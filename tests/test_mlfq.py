@@ -68,7 +68,7 @@ def test_fresh_work_is_shared_first() -> None:
     choice = choose_slot(
         running=[0, 0, 0, 0],
         ready=[0, 2, 9, 0],
-        fresh=[0, 2, 0, 0],
+        ready_new_work=[0, 2, 0, 0],
         free_slots=8,
         total_slots=8,
         settings=SETTINGS,
@@ -79,16 +79,22 @@ def test_fresh_work_is_shared_first() -> None:
 def test_the_reserved_slot_takes_only_short_work() -> None:
     settings = MlfqSettings(reserved_slots=1, short_work_s=20.0)
     kwargs = {"ready": [0, 5, 5, 0], "free_slots": 1, "total_slots": 8, "settings": settings}
-    idle = choose_slot(running=[0, 5, 2, 0], running_long=7, short_ready=[0, 0, 0, 0], **kwargs)
+    idle = choose_slot(
+        running=[0, 5, 2, 0], running_long_work=7, ready_short_work=[0, 0, 0, 0], **kwargs
+    )
     assert idle is None
-    short = choose_slot(running=[0, 5, 2, 0], running_long=7, short_ready=[0, 0, 2, 0], **kwargs)
+    short = choose_slot(
+        running=[0, 5, 2, 0], running_long_work=7, ready_short_work=[0, 0, 2, 0], **kwargs
+    )
     assert short is not None and short.levels == (Level.P2,) and short.max_rank == 20.0
-    spare = choose_slot(running=[0, 5, 1, 0], running_long=6, short_ready=[0, 0, 0, 0], **kwargs)
+    spare = choose_slot(
+        running=[0, 5, 1, 0], running_long_work=6, ready_short_work=[0, 0, 0, 0], **kwargs
+    )
     assert spare is not None and spare.max_rank is None
     urgent = choose_slot(
         running=[0, 5, 2, 0],
-        running_long=7,
-        short_ready=[0] * 4,
+        running_long_work=7,
+        ready_short_work=[0] * 4,
         **{**kwargs, "ready": [1, 5, 5, 0]},
     )
     assert urgent is not None and urgent.level == Level.P0

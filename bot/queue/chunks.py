@@ -25,38 +25,42 @@ class ChunkLeases(JobRecords):
         self,
         *,
         now: datetime,
-        fresh_below: float = float("inf"),
-        short_rank: float = float("inf"),
+        new_work_below: float = float("inf"),
+        short_work_rank: float = float("inf"),
     ) -> LevelLoad:
         """Running and ready chunks per level, from the database (all processes).
 
-        `fresh_below` and `short_rank` are the scheduler's rank bands: chunks ranked below the
-        first count as fresh, those at or below the second as short work.
+        `new_work_below` and `short_work_rank` are the scheduler's rank bands: chunks ranked
+        below the first count as new work, those at or below the second as short work.
         """
         async with self.connector.transaction() as conn:
             rows = (
                 await conn.execute(
                     chunks_sql.SELECT_LEVEL_LOAD,
-                    {"now": now, "fresh_below": fresh_below, "short_rank": short_rank},
+                    {
+                        "now": now,
+                        "new_work_below": new_work_below,
+                        "short_work_rank": short_work_rank,
+                    },
                 )
             ).all()
         running = dict.fromkeys(LEVELS, 0)
         ready = dict.fromkeys(LEVELS, 0)
-        fresh = dict.fromkeys(LEVELS, 0)
-        short_ready = dict.fromkeys(LEVELS, 0)
-        running_long = 0
+        ready_new_work = dict.fromkeys(LEVELS, 0)
+        ready_short_work = dict.fromkeys(LEVELS, 0)
+        running_long_work = 0
         for row in rows:
             running[Level(row.level)] = row.running
             ready[Level(row.level)] = row.ready
-            fresh[Level(row.level)] = row.fresh
-            short_ready[Level(row.level)] = row.short_ready
-            running_long += row.running_long
+            ready_new_work[Level(row.level)] = row.ready_new_work
+            ready_short_work[Level(row.level)] = row.ready_short_work
+            running_long_work += row.running_long_work
         return LevelLoad(
             running=running,
             ready=ready,
-            fresh=fresh,
-            short_ready=short_ready,
-            running_long=running_long,
+            ready_new_work=ready_new_work,
+            ready_short_work=ready_short_work,
+            running_long_work=running_long_work,
         )
 
     async def engine_load(self) -> dict[str, int]:

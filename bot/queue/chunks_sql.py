@@ -37,13 +37,14 @@ SELECT_LEVEL_LOAD = _sql(
     SELECT level,
            count(*) FILTER (WHERE state = 'running') AS running,
            count(*) FILTER (WHERE state = 'queued' AND available_at <= :now) AS ready,
-           -- the scheduler's rank bands: first chunks rank below :fresh_below, work expected
-           -- to be short at or below :short_rank
-           count(*) FILTER (WHERE state = 'running' AND rank > :short_rank) AS running_long,
+           -- the scheduler's rank bands: first chunks rank below :new_work_below, work expected
+           -- to be short at or below :short_work_rank
+           count(*) FILTER (WHERE state = 'running' AND rank > :short_work_rank)
+               AS running_long_work,
            count(*) FILTER (WHERE state = 'queued' AND available_at <= :now
-                                  AND rank < :fresh_below) AS fresh,
+                                  AND rank < :new_work_below) AS ready_new_work,
            count(*) FILTER (WHERE state = 'queued' AND available_at <= :now
-                                  AND rank <= :short_rank) AS short_ready
+                                  AND rank <= :short_work_rank) AS ready_short_work
     FROM review_chunks
     WHERE state IN ('queued', 'running')
     GROUP BY level

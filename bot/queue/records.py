@@ -32,9 +32,9 @@ class LevelLoad:
     running: Mapping[Level, int]
     ready: Mapping[Level, int]
     # Rank bands (see level_load): ready first chunks, ready short work, long work running.
-    fresh: Mapping[Level, int] = field(default_factory=dict)
-    short_ready: Mapping[Level, int] = field(default_factory=dict)
-    running_long: int = 0
+    ready_new_work: Mapping[Level, int] = field(default_factory=dict)
+    ready_short_work: Mapping[Level, int] = field(default_factory=dict)
+    running_long_work: int = 0
 
     @property
     def total_running(self) -> int:

@@ -79,12 +79,15 @@ class DispatcherSettings:
 
 
 @dataclass(slots=True)
-class _Load:
+class _QueueLoad:
+    """Chunks per level as one pass sees them: read from the database (every process), then
+    kept current as the pass leases and preempts."""
+
     running: dict[Level, int]
     ready: dict[Level, int]
-    fresh: dict[Level, int]
-    short_ready: dict[Level, int]
-    running_long: int
+    ready_new_work: dict[Level, int]  # first chunks of jobs not started yet
+    ready_short_work: dict[Level, int]  # ready chunks ranked as short work
+    running_long_work: int  # running chunks ranked above short work, all levels
 
 
 class DispatcherCore:
@@ -164,29 +167,29 @@ class DispatcherCore:
                 self.ranks.remember(outcome)
         return len(outcomes)
 
-    async def _read_load(self, now: datetime) -> _Load:
+    async def _read_load(self, now: datetime) -> _QueueLoad:
         load = await self.store.level_load(
             now=now,
-            fresh_below=CONTINUATION_RANK_OFFSET,
-            short_rank=self.settings.mlfq.short_work_s,
+            new_work_below=CONTINUATION_RANK_OFFSET,
+            short_work_rank=self.settings.mlfq.short_work_s,
         )
-        return _Load(
+        return _QueueLoad(
             running=dict(load.running),
             ready=dict(load.ready),
-            fresh=dict(load.fresh),
-            short_ready=dict(load.short_ready),
-            running_long=load.running_long,
+            ready_new_work=dict(load.ready_new_work),
+            ready_short_work=dict(load.ready_short_work),
+            running_long_work=load.running_long_work,
         )
 
-    def _choose(self, load: _Load, free: int) -> SlotChoice | None:
+    def _choose(self, load: _QueueLoad, free: int) -> SlotChoice | None:
         if self.settings.policy != "mlfq":
             return SlotChoice(levels=LEVELS, reason=self.settings.policy)
         return choose_slot(
             running=load.running,
             ready=load.ready,
-            fresh=load.fresh,
-            short_ready=load.short_ready,
-            running_long=load.running_long,
+            ready_new_work=load.ready_new_work,
+            ready_short_work=load.ready_short_work,
+            running_long_work=load.running_long_work,
             free_slots=free,
             total_slots=self.total_slots,
             settings=self.settings.mlfq,
@@ -215,14 +218,14 @@ class DispatcherCore:
                 await self.preempt(load, now)  # reset the wait, or a recheck if P0 still waits
         return leased
 
-    async def _lease(self, load: _Load | None, now: datetime) -> list[Leased]:
+    async def _lease(self, load: _QueueLoad | None, now: datetime) -> list[Leased]:
         leased: list[Leased] = []
         retried = False
         while True:
             engine = None
             if self.engines is not None:
                 engine = self.engines.pick(p0=False)
-                if engine is None and load is not None and load.fresh.get(Level.P0, 0) > 0:
+                if engine is None and load is not None and load.ready_new_work.get(Level.P0, 0) > 0:
                     # Every window is full: a new P0 review takes a place above one, which
                     # the server admits at once (the ceiling stays under --max-num-seqs).
                     engine = self.engines.pick(p0=True)
@@ -267,13 +270,13 @@ class DispatcherCore:
                 await self.ranks.after_lease(got, now, self.estimator)
         return leased
 
-    async def preempt(self, load: _Load, now: datetime) -> list[Leased]:
+    async def preempt(self, load: _QueueLoad, now: datetime) -> list[Leased]:
         """Take back running lower-level chunks for new P0 reviews that have no free slot.
 
         The chunk's call is cancelled (live) or dropped (replay, through `on_preempt`), and the
         chunk goes back to the queue with its level and rank, no attempt counted.
         """
-        waiting = load.fresh.get(Level.P0, 0)
+        waiting = load.ready_new_work.get(Level.P0, 0)
         if waiting <= 0 or self._stopping.is_set():
             self._p0_waiting_since = None
             self.recheck_at = None
@@ -324,11 +327,11 @@ class DispatcherCore:
             load.running[chunk.level] = max(0, load.running.get(chunk.level, 0) - 1)
             load.ready[chunk.level] = load.ready.get(chunk.level, 0) + 1
             if rank < CONTINUATION_RANK_OFFSET:
-                load.fresh[chunk.level] = load.fresh.get(chunk.level, 0) + 1
+                load.ready_new_work[chunk.level] = load.ready_new_work.get(chunk.level, 0) + 1
             if rank <= self.settings.mlfq.short_work_s:
-                load.short_ready[chunk.level] = load.short_ready.get(chunk.level, 0) + 1
+                load.ready_short_work[chunk.level] = load.ready_short_work.get(chunk.level, 0) + 1
             else:
-                load.running_long = max(0, load.running_long - 1)
+                load.running_long_work = max(0, load.running_long_work - 1)
             taken.append(victim)
         return taken
 
@@ -365,17 +368,17 @@ class DispatcherCore:
         call.cancel()
         return True
 
-    def _account(self, load: _Load, leased: Leased) -> None:
+    def _account(self, load: _QueueLoad, leased: Leased) -> None:
         level = leased.chunk.level
         rank = float(leased.extra.get("rank", 0.0))
         load.running[level] = load.running.get(level, 0) + 1
         load.ready[level] = max(0, load.ready.get(level, 0) - 1)
         if rank < CONTINUATION_RANK_OFFSET:
-            load.fresh[level] = max(0, load.fresh.get(level, 0) - 1)
+            load.ready_new_work[level] = max(0, load.ready_new_work.get(level, 0) - 1)
         if rank <= self.settings.mlfq.short_work_s:
-            load.short_ready[level] = max(0, load.short_ready.get(level, 0) - 1)
+            load.ready_short_work[level] = max(0, load.ready_short_work.get(level, 0) - 1)
         else:
-            load.running_long += 1
+            load.running_long_work += 1
 
     async def finish_chunk(
         self,

@@ -119,14 +119,14 @@ def choose_slot(
     free_slots: int,
     total_slots: int,
     settings: MlfqSettings,
-    fresh: LevelCounts | None = None,
-    short_ready: LevelCounts | None = None,
-    running_long: int | None = None,
+    ready_new_work: LevelCounts | None = None,
+    ready_short_work: LevelCounts | None = None,
+    running_long_work: int | None = None,
 ) -> SlotChoice | None:
     """Which levels the next free slot serves (None: leave it idle).
 
     Work-conserving over the levels with ready work; P0 never waits for a share. Shares are
-    first divided among the levels with fresh work (first chunks of jobs that have not started:
+    first divided among the levels with new work (first chunks of jobs that have not started:
     a job's wait ends when its first call starts), then among all levels with ready work. The
     last `reserved_slots` free slots take only P0 or short work while other slots are busy.
     """
@@ -138,21 +138,25 @@ def choose_slot(
     if levels[0] == Level.P0:
         return SlotChoice(levels=levels, reason="P0 ready")
     reserve = min(settings.reserved_slots, total_slots - 1)
-    long_running = sum(_counts(running)) if running_long is None else running_long
+    long_running = sum(_counts(running)) if running_long_work is None else running_long_work
     if reserve > 0 and long_running >= total_slots - reserve:
-        if short_ready is None:
+        if ready_short_work is None:
             return SlotChoice(levels=levels, max_rank=settings.short_work_s, reason="reserved")
-        short_levels = order_levels(running=running, ready=short_ready, weights=settings.weights)
+        short_levels = order_levels(
+            running=running, ready=ready_short_work, weights=settings.weights
+        )
         if not short_levels:
             return None
         return SlotChoice(
             levels=short_levels, max_rank=settings.short_work_s, reason="reserved for short work"
         )
-    if fresh is not None:
-        fresh_levels = order_levels(running=running, ready=fresh, weights=settings.weights)
-        if fresh_levels:
-            rest = tuple(level for level in levels if level not in fresh_levels)
-            return SlotChoice(levels=fresh_levels + rest, reason="weighted share of new work")
+    if ready_new_work is not None:
+        new_work_levels = order_levels(
+            running=running, ready=ready_new_work, weights=settings.weights
+        )
+        if new_work_levels:
+            rest = tuple(level for level in levels if level not in new_work_levels)
+            return SlotChoice(levels=new_work_levels + rest, reason="weighted share of new work")
     return SlotChoice(levels=levels, reason="weighted share")
 
 

@@ -76,9 +76,9 @@ class Estimate:
 class _Counts:
     running: list[int]
     ready: list[int]
-    fresh: list[int]
-    short_ready: list[int]
-    running_long: int = 0
+    ready_new_work: list[int]
+    ready_short_work: list[int]
+    running_long_work: int = 0
 
 
 @dataclass(slots=True)
@@ -105,15 +105,17 @@ def estimate_queue(jobs: Sequence[JobLoad], capacity: Capacity) -> dict[int, Est
         )
         queues[level] = deque(calls)
         counts.ready[level] = len(calls)
-        counts.fresh[level] = sum(1 for rank, _, _ in calls if rank < CONTINUATION_RANK_OFFSET)
-        counts.short_ready[level] = sum(1 for rank, _, _ in calls if rank <= short_s)
+        counts.ready_new_work[level] = sum(
+            1 for rank, _, _ in calls if rank < CONTINUATION_RANK_OFFSET
+        )
+        counts.ready_short_work[level] = sum(1 for rank, _, _ in calls if rank <= short_s)
     for job in jobs:
         for left in job.running_s:
             end = max(0.0, left) / capacity.speed
             long_call = left > short_s
             running.append((end, next(order), job.job_id, job.level, long_call))
             counts.running[job.level] += 1
-            counts.running_long += int(long_call)
+            counts.running_long_work += int(long_call)
             progress[job.job_id].finish = max(progress[job.job_id].finish, end)
     heapq.heapify(running)
     now = 0.0
@@ -129,7 +131,7 @@ def estimate_queue(jobs: Sequence[JobLoad], capacity: Capacity) -> dict[int, Est
             break
         now, _, _, level, long_call = heapq.heappop(running)
         counts.running[level] -= 1
-        counts.running_long -= int(long_call)
+        counts.running_long_work -= int(long_call)
     return _estimates(jobs, progress)
 
 
@@ -147,9 +149,9 @@ def _fill(
         choice = choose_slot(
             running=counts.running,
             ready=counts.ready,
-            fresh=counts.fresh,
-            short_ready=counts.short_ready,
-            running_long=counts.running_long,
+            ready_new_work=counts.ready_new_work,
+            ready_short_work=counts.ready_short_work,
+            running_long_work=counts.running_long_work,
             free_slots=capacity.slots - len(running),
             total_slots=capacity.slots,
             settings=capacity.mlfq,
@@ -184,12 +186,12 @@ def _start(
     short_s = capacity.mlfq.short_work_s
     counts.ready[level] -= 1
     if rank < CONTINUATION_RANK_OFFSET:
-        counts.fresh[level] -= 1
+        counts.ready_new_work[level] -= 1
     long_call = rank > short_s
     if not long_call:
-        counts.short_ready[level] -= 1
+        counts.ready_short_work[level] -= 1
     counts.running[level] += 1
-    counts.running_long += int(long_call)
+    counts.running_long_work += int(long_call)
     end = now + seconds / capacity.speed
     heapq.heappush(running, (end, next(order), job_id, level, long_call))
     mine = progress[job_id]
