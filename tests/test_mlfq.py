@@ -11,6 +11,7 @@ from bot.model import Level
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
     MlfqSettings,
+    Rank,
     RunningCall,
     ServiceEstimator,
     apply_aging,
@@ -19,6 +20,7 @@ from bot.sched.mlfq import (
     choose_slot,
     expected_chunk_s,
     inherit_level,
+    is_new_work,
     order_levels,
     queue_ranks,
     rank_chunks,
@@ -349,3 +351,16 @@ def test_preemption_takes_no_more_than_needed_and_never_p0(
     # the least work lost: no spared candidate started after a victim
     if taken and spared:
         assert max(taken) <= min(spared)
+
+
+@given(st.booleans(), st.floats(min_value=0.0, max_value=100_000.0))
+def test_a_rank_packs_and_unpacks_its_tier_and_seconds(continuation: bool, seconds: float) -> None:
+    rank = Rank(continuation=continuation, seconds=seconds)
+    assert Rank.unpack(rank.packed) == (continuation, pytest.approx(seconds))
+    assert is_new_work(rank.packed) is not continuation
+
+
+def test_every_continuation_sorts_behind_all_new_work() -> None:
+    slowest_new = Rank(continuation=False, seconds=99_999.0).packed
+    quickest_continuation = Rank(continuation=True, seconds=0.0).packed
+    assert slowest_new < quickest_continuation

@@ -29,6 +29,7 @@ from bot.sched.mlfq import (
     choose_preemption,
     choose_slot,
     expected_chunk_s,
+    is_new_work,
 )
 from bot.sched.ports import (
     ChunkPreempted,
@@ -326,7 +327,7 @@ class DispatcherCore:
             rank = float(victim.extra.get("rank", 0.0))
             load.running[chunk.level] = max(0, load.running.get(chunk.level, 0) - 1)
             load.ready[chunk.level] = load.ready.get(chunk.level, 0) + 1
-            if rank < CONTINUATION_RANK_OFFSET:
+            if is_new_work(rank):
                 load.ready_new_work[chunk.level] = load.ready_new_work.get(chunk.level, 0) + 1
             if rank <= self.settings.mlfq.short_work_s:
                 load.ready_short_work[chunk.level] = load.ready_short_work.get(chunk.level, 0) + 1
@@ -373,7 +374,7 @@ class DispatcherCore:
         rank = float(leased.extra.get("rank", 0.0))
         load.running[level] = load.running.get(level, 0) + 1
         load.ready[level] = max(0, load.ready.get(level, 0) - 1)
-        if rank < CONTINUATION_RANK_OFFSET:
+        if is_new_work(rank):
             load.ready_new_work[level] = max(0, load.ready_new_work.get(level, 0) - 1)
         if rank <= self.settings.mlfq.short_work_s:
             load.ready_short_work[level] = max(0, load.ready_short_work.get(level, 0) - 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from bot.config import SchedulerSettings
 from bot.model import LEVELS, Level
@@ -343,6 +343,32 @@ def rank_job(
 CONTINUATION_RANK_OFFSET = 1_000_000.0
 
 
+class Rank(NamedTuple):
+    """Where a chunk waits within its level, smaller first: new work (a job's first chunk)
+    before its continuations, then by expected GPU seconds. The queue stores it as one number
+    (`packed`), so one index serves the dequeue's order."""
+
+    continuation: bool
+    seconds: float
+
+    @property
+    def packed(self) -> float:
+        """The stored rank: continuations sit CONTINUATION_RANK_OFFSET behind new work."""
+        return self.seconds + (CONTINUATION_RANK_OFFSET if self.continuation else 0.0)
+
+    @classmethod
+    def unpack(cls, stored: float) -> Rank:
+        """The rank a stored number stands for."""
+        if stored >= CONTINUATION_RANK_OFFSET:
+            return cls(continuation=True, seconds=stored - CONTINUATION_RANK_OFFSET)
+        return cls(continuation=False, seconds=stored)
+
+
+def is_new_work(stored_rank: float) -> bool:
+    """Whether a stored rank is a job's first chunk (the job's wait ends when it starts)."""
+    return not Rank.unpack(stored_rank).continuation
+
+
 def rank_chunks(
     chunk_lines: Sequence[int],
     *,
@@ -380,8 +406,7 @@ def rank_chunks(
                 remaining_chunks=1,
                 estimator=estimator,
             )
-        offset = CONTINUATION_RANK_OFFSET if new_work_first and seq > 0 else 0.0
-        ranks.append(offset + remaining)
+        ranks.append(Rank(continuation=new_work_first and seq > 0, seconds=remaining).packed)
     return tuple(ranks)
 
 

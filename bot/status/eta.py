@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bot.model import LEVELS, Level
-from bot.sched.mlfq import CONTINUATION_RANK_OFFSET, MlfqSettings, choose_slot
+from bot.sched.mlfq import MlfqSettings, choose_slot, is_new_work
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +105,7 @@ def estimate_queue(jobs: Sequence[JobLoad], capacity: Capacity) -> dict[int, Est
         )
         queues[level] = deque(calls)
         counts.ready[level] = len(calls)
-        counts.ready_new_work[level] = sum(
-            1 for rank, _, _ in calls if rank < CONTINUATION_RANK_OFFSET
-        )
+        counts.ready_new_work[level] = sum(1 for rank, _, _ in calls if is_new_work(rank))
         counts.ready_short_work[level] = sum(1 for rank, _, _ in calls if rank <= short_s)
     for job in jobs:
         for left in job.running_s:
@@ -185,7 +183,7 @@ def _start(
     rank, job_id, seconds = queues[level].popleft()
     short_s = capacity.mlfq.short_work_s
     counts.ready[level] -= 1
-    if rank < CONTINUATION_RANK_OFFSET:
+    if is_new_work(rank):
         counts.ready_new_work[level] -= 1
     long_call = rank > short_s
     if not long_call:

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from bot.model import Level
 from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET
-from bot.sched.mlfq import CONTINUATION_RANK_OFFSET, ServiceEstimator, expected_chunk_s
+from bot.sched.mlfq import Rank, ServiceEstimator, expected_chunk_s
 from bot.status.eta import JobLoad, QueuedCall
 
 # A review whose size is not known yet (a GitLab hook carries none) is planned as this many lines.
@@ -80,7 +80,9 @@ def _unplanned(calls: LiveCalls, *, estimator: ServiceEstimator) -> JobLoad:
     ]
     remaining = sum(seconds[1:])
     queued = [QueuedCall(seconds[0], seconds[0])]
-    queued += [QueuedCall(CONTINUATION_RANK_OFFSET + remaining, s) for s in seconds[1:]]
+    queued += [
+        QueuedCall(Rank(continuation=True, seconds=remaining).packed, s) for s in seconds[1:]
+    ]
     return JobLoad(calls.job_id, calls.level, started=False, queued=tuple(queued))
 
 
