@@ -29,16 +29,9 @@ from bot import devdb
 from bot.db import upgrade_database
 from bot.model import LEVELS, ChunkPlan, Level, PolicyDecision, ReviewRequest
 from bot.queue.store import QueueSettings, QueueStore
+from bot.stats import percentile
 
 CHUNKS_PER_JOB = 10
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 async def run_review_bot(url: str, chunks: int, consumers: int) -> dict[str, float]:
@@ -114,8 +107,8 @@ async def run_review_bot(url: str, chunks: int, consumers: int) -> dict[str, flo
         "drain_s": drained - enqueued,
         "chunks_per_s": chunks / (drained - started),
         "drain_chunks_per_s": chunks / (drained - enqueued),
-        "dequeue_p50_ms": percentile(latencies, 50) * 1000,
-        "dequeue_p99_ms": percentile(latencies, 99) * 1000,
+        "dequeue_p50_ms": percentile(latencies, 0.50) * 1000,
+        "dequeue_p99_ms": percentile(latencies, 0.99) * 1000,
         "level_inversions": float(inversions),
     }
 
@@ -172,8 +165,8 @@ async def run_pgqueuer(url: str, chunks: int, consumers: int) -> dict[str, float
         "drain_s": drained - enqueued,
         "chunks_per_s": chunks / (drained - started),
         "drain_chunks_per_s": chunks / (drained - enqueued),
-        "dequeue_p50_ms": percentile(latencies, 50) * 1000,
-        "dequeue_p99_ms": percentile(latencies, 99) * 1000,
+        "dequeue_p50_ms": percentile(latencies, 0.50) * 1000,
+        "dequeue_p99_ms": percentile(latencies, 0.99) * 1000,
     }
 
 
