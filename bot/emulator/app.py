@@ -60,7 +60,8 @@ from bot.emulator.state import (
 )
 from bot.model import Forge
 
-ROUTES: tuple[Route, ...] = (
+# The GitHub and GitLab routes the forge clients use, by name (faults are queued per name).
+FORGE_ROUTES: tuple[Route, ...] = (
     define_route(
         "github.access_token",
         "POST",
@@ -158,7 +159,7 @@ ROUTES: tuple[Route, ...] = (
 
 # Quiet reviews' routes (edits, resolution, compare, contents) and check runs / commit
 # statuses live in their own modules.
-ROUTES = (*ROUTES, *QUIET_ROUTES, *CHECK_ROUTES)
+ROUTES: tuple[Route, ...] = (*FORGE_ROUTES, *QUIET_ROUTES, *CHECK_ROUTES)
 
 
 def _authenticate(ctx: Context, route: Route) -> None:

@@ -1,6 +1,6 @@
 """The emulator's check runs and commit statuses (GitHub) and commit statuses (GitLab).
 
-Registered from bot.emulator (its ROUTES); shapes follow GitHub's description in
+Served as part of bot.emulator.app.ROUTES; shapes follow GitHub's description in
 shared/openapi, and GitLab's rule that a status cannot be set to the state it already has.
 """
 

@@ -1,6 +1,6 @@
 """Emulator routes for quiet reviews: edit a comment or note, resolve a discussion.
 
-Registered by bot.emulator; answers have the shapes GitHub documents
+Served as part of bot.emulator.app.ROUTES; answers have the shapes GitHub documents
 (../shared/openapi) and GitLab's REST API returns.
 """
 
