@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 LLM ?= simulated
 
-.PHONY: test demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm clean
+.PHONY: test demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm bench-engine clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-scheduling: $(BENCH_STAMP)
 
 bench-llm: $(BENCH_STAMP)
 	$(BIN)/python bench/llm_cpu.py
+
+# The real CPU vLLM (scripts/vllm_cpu.sh): raw server against the whole bot, window 1 and adaptive.
+bench-engine: $(BENCH_STAMP)
+	$(BIN)/python bench/engine_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info

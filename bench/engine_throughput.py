@@ -1,0 +1,454 @@
+"""Engine throughput on the real CPU vLLM: the raw server's best against the whole bot.
+
+Usage: python bench/engine_throughput.py [--url URL] [--reviews 48] [--out bench/results]
+
+In one run, against one CPU vLLM server (scripts/vllm_cpu.sh, started here unless --url):
+1. raw: the server's completion tokens/s over a concurrency sweep, sent straight to it with
+   the very requests the bot sends for these reviews (same system prompt, chunks, answer
+   format, through the bot's own review call), best of the sweep;
+2. bot: the same reviews through the whole bot (signed webhooks -> intake -> PostgreSQL ->
+   dispatcher -> openai backend -> CPU vLLM -> poster -> forge emulator), all arriving at once,
+   with the engine's window fixed at 1, then adaptive; a P0 review (a change into a hotfix
+   branch) is sent when half of the reviews are posted;
+3. the same P0 review alone on the idle server.
+Writes bench/results/engine.json and engine.md. Run it alone on the machine (it measures
+throughput): `flock /work/wt/vllm.lock python bench/engine_throughput.py` where others share it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import sqlalchemy as sa  # noqa: E402
+from aiohttp import web  # noqa: E402
+
+from bot.app import create_app  # noqa: E402
+from bot.clock import SystemClock  # noqa: E402
+from bot.config import Settings  # noqa: E402
+from bot.demo import SECRET, TOKEN, demo_files, load_demo_trace, send_request  # noqa: E402
+from bot.emulator import EmulatorState, ForgeEmulator  # noqa: E402
+from bot.engine_setup import engine_pool_for, served_line_budget  # noqa: E402
+from bot.forges.base import RetryPolicy  # noqa: E402
+from bot.forges.registry import ForgeOptions, build_forges  # noqa: E402
+from bot.llm.openai_compat import OpenAICompatBackend  # noqa: E402
+from bot.model import JobState  # noqa: E402
+from bot.pipeline import build_pipeline  # noqa: E402
+from bot.policy import load_policy_book  # noqa: E402
+from bot.queue.store import QueueStore  # noqa: E402
+from bot.review.assemble import classify_skipped_file  # noqa: E402
+from bot.review.chunking import plan_chunks  # noqa: E402
+from bot.review.engine import review_chunk  # noqa: E402
+from bot.review.planner import PlanningSettings  # noqa: E402
+from bot.sched.dispatcher import DispatcherSettings  # noqa: E402
+from bot.sched.window import WindowSettings  # noqa: E402
+from bot.sim.replay import fresh_database  # noqa: E402
+from bot.sim.trace import TraceRequest  # noqa: E402
+
+SCRIPT = REPO / "scripts" / "vllm_cpu.sh"
+MODEL = "smollm2"
+MAX_NUM_SEQS = 64
+# Answer tokens per chunk (REVIEW_BOT_LLM_MAX_TOKENS) for the bot and the raw calls alike: the
+# tiny model tends to write until the limit, and 1,024 a call would make the window-1 drain
+# take half an hour on two cores.
+ANSWER_TOKENS = 160
+SWEEP = (1, 2, 4, 8, 16, 32, 48)
+# The adaptive drain starts its window at 16 (REVIEW_BOT_WINDOW_INITIAL): slow start from the
+# default 4 would spend most of a 48-review drain finding the knee a GPU deployment finds in
+# its first minute.
+ADAPTIVE = WindowSettings(floor=1, initial=16, ceiling=MAX_NUM_SEQS - 16)
+DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def vllm_server() -> Iterator[str]:
+    """A CPU vLLM server with its engine metrics on /metrics; stopped afterwards."""
+    command = [str(SCRIPT), "serve", "--port", str(free_port()), "--timeout", "900", "--metrics"]
+    command += ["--max-num-seqs", str(MAX_NUM_SEQS), "--watch-pid", str(os.getpid())]
+    run = subprocess.run(command, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise SystemExit(f"server did not start:\n{run.stderr[-3000:]}")
+    values = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+    try:
+        yield values["URL"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(values["PID"]), signal.SIGTERM)
+
+
+def settings_for(url: str, database_url: str = "") -> Settings:
+    return Settings(
+        database_url=database_url or None,
+        github_webhook_secret=SECRET,
+        gitlab_webhook_token=SECRET,
+        github_token=TOKEN,
+        gitlab_token=TOKEN,
+        llm_backend="openai",
+        llm_base_urls=(url,),
+        llm_model=MODEL,
+        llm_response_format="json_schema",
+        llm_max_tokens=ANSWER_TOKENS,
+    )
+
+
+def backend_for(url: str) -> OpenAICompatBackend:
+    """The openai backend as `bot serve` builds it for this server."""
+    return OpenAICompatBackend([url], model=MODEL, timeout_s=900.0, response_format="json_schema")
+
+
+def workload(count: int) -> tuple[list[TraceRequest], TraceRequest]:
+    """`count` small PRs of the demo's morning, and one more sent to a hotfix branch (P0)."""
+    trace, _ = load_demo_trace(count + 1, max_lines=60)
+    requests = [r for r in trace.requests if r.action == "opened" and not r.draft]
+    if len(requests) < count + 1:
+        trace, _ = load_demo_trace(4 * count, max_lines=60)
+        requests = [r for r in trace.requests if r.action == "opened" and not r.draft]
+    reviews = [
+        dataclasses.replace(r, labels=(), author_is_bot=False, depends_on=())
+        for r in requests[:count]
+    ]
+    hotfix = dataclasses.replace(
+        requests[count],
+        id="hotfix",
+        number=requests[count].number + 50_000,
+        base_ref="hotfix/2026-12",
+        head_ref="fix/urgent",
+        labels=(),
+        author_is_bot=False,
+        depends_on=(),
+    )
+    return reviews, hotfix
+
+
+# --- 1. the raw server ----------------------------------------------------------------------
+
+
+async def raw_sweep(
+    url: str, requests: Sequence[TraceRequest], line_budget: int
+) -> list[dict[str, Any]]:
+    """Completion tokens/s at each concurrency, the bot's own review calls straight to vLLM."""
+    chunks = []
+    for request in requests:
+        planned = plan_chunks(
+            demo_files(request), line_budget=line_budget, skip=classify_skipped_file
+        )
+        chunks += [chunk.files for chunk in planned.chunks]
+    rows = []
+    backend = backend_for(url)
+    try:
+        # warm-up, not counted
+        await review_chunk(backend, chunks[0], level=1, max_tokens=ANSWER_TOKENS)
+        for concurrency in SWEEP:
+            count = max(8, 2 * concurrency)
+            todo = [chunks[i % len(chunks)] for i in range(count)]
+            rows.append(await sweep_point(backend, todo, concurrency))
+            print(f"raw c={concurrency}: {rows[-1]['tokens_per_s']} tokens/s", file=sys.stderr)
+    finally:
+        await backend.close()
+    return rows
+
+
+async def sweep_point(
+    backend: OpenAICompatBackend, todo: list[Any], concurrency: int
+) -> dict[str, Any]:
+    """Review the chunks in `todo` with `concurrency` calls in flight; tokens/s of the lot."""
+    count = len(todo)
+    tokens = 0
+    latencies: list[float] = []
+
+    async def worker() -> None:
+        nonlocal tokens
+        while todo:
+            review = await review_chunk(backend, todo.pop(), level=1, max_tokens=ANSWER_TOKENS)
+            tokens += review.usage.completion_tokens
+            latencies.append(review.usage.latency_s)
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.monotonic() - started
+    return {
+        "concurrency": concurrency,
+        "calls": count,
+        "completion_tokens": tokens,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(tokens / wall, 1),
+        "mean_latency_s": round(statistics.fmean(latencies), 2),
+    }
+
+
+# --- 2. the whole bot -------------------------------------------------------------------------
+
+
+@dataclass
+class Drain:
+    mode: str
+    reviews: int
+    chunks: int
+    completion_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    p0_turnaround_s: float | None
+    windows: list[tuple[float, int]]
+    posted: int
+
+
+async def drain_through_bot(
+    url: str,
+    reviews: Sequence[TraceRequest],
+    hotfix: TraceRequest | None,
+    *,
+    window: WindowSettings,
+    line_budget: int,
+    mode: str,
+) -> Drain:
+    """Send every review's webhook at once, the hotfix when half are posted; wait for all."""
+    async with fresh_database(DATABASE_URL) as database_url:
+        settings = settings_for(url, database_url).with_changes(window=window)
+        store = QueueStore.from_url(database_url, pool_size=20)
+        policies = load_policy_book(settings.policy_dir)
+        backend = backend_for(url)
+        clock = SystemClock()
+        async with ForgeEmulator(EmulatorState()) as emulator:
+            settings = settings.with_changes(
+                github_api_url=emulator.github_url, gitlab_url=emulator.gitlab_url
+            )
+            # The emulator posts at once: GitHub's one content POST a second would measure
+            # the forge's pace, not the engine's.
+            forges = build_forges(
+                settings,
+                options=ForgeOptions(
+                    retry=RetryPolicy(attempts=4, base_delay_s=0.2), post_interval_s=0.0
+                ),
+            )
+            app = create_app(settings, store=store, policies=policies, clock=clock)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            bot_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            pool = engine_pool_for(settings, backend, now=clock.now())
+            pipeline = build_pipeline(
+                store,
+                forges=forges,
+                policies=policies,
+                backend=backend,
+                clock=clock,
+                dispatcher=DispatcherSettings(
+                    owner=f"bench-{mode}",
+                    lease_s=900.0,
+                    heartbeat_s=5.0,
+                    poll_s=0.5,
+                    maintenance_s=5.0,
+                ),
+                planning=PlanningSettings(line_budget=line_budget),
+                engines=pool,
+                answer_tokens=ANSWER_TOKENS,
+            )
+            dispatcher = pipeline.dispatcher
+            stop = asyncio.Event()
+            running = asyncio.create_task(dispatcher.run(database_url=database_url))
+            recovery = asyncio.create_task(
+                pipeline.reviews.run_recovery(clock, interval_s=2.0, stop=stop)
+            )
+            seen: set[tuple[str, str, int]] = set()
+            p0_sent: float | None = None
+            try:
+                for request in reviews:
+                    await send_request(emulator, bot_url, request, seen)
+                while True:
+                    jobs = await store.list_jobs(limit=5000)
+                    finished = sum(job.state == JobState.DONE for job in jobs)
+                    live = sum(
+                        job.state in (JobState.WAITING, JobState.QUEUED, JobState.RUNNING)
+                        for job in jobs
+                    )
+                    if hotfix is not None and p0_sent is None and finished >= len(reviews) // 2:
+                        p0_sent = time.monotonic()
+                        await send_request(emulator, bot_url, hotfix, seen)
+                        continue
+                    if live == 0 and (hotfix is None or p0_sent is not None):
+                        break
+                    await asyncio.sleep(0.5)
+            finally:
+                dispatcher.stop()
+                stop.set()
+                await asyncio.gather(running, recovery, return_exceptions=True)
+                await runner.cleanup()
+                await forges.close()
+                await backend.close()
+            posted = len(emulator.state.posted(kind="review")) + len(
+                emulator.state.posted(kind="note")
+            )
+        async with store.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    sa.text(
+                        """
+                        SELECT count(*) AS chunks,
+                               sum(COALESCE((result -> 'usage' ->> 'completion_tokens')::bigint, 0))
+                                   AS tokens,
+                               EXTRACT(EPOCH FROM max(finished_at) - min(started_at)) AS wall_s
+                        FROM review_chunks WHERE state = 'done'
+                        """
+                    )
+                )
+            ).one()
+            p0 = (
+                await conn.execute(
+                    sa.text(
+                        "SELECT EXTRACT(EPOCH FROM finished_at - enqueued_at) FROM review_jobs"
+                        " WHERE base_level = 0 AND state = 'done'"
+                    )
+                )
+            ).scalar()
+        await store.close()
+    tokens = int(row.tokens or 0)
+    wall = float(row.wall_s or 0.0)
+    windows = list(pool.engines[0].history) if pool is not None else []
+    return Drain(
+        mode=mode,
+        reviews=len(reviews) + (1 if hotfix is not None else 0),
+        chunks=int(row.chunks),
+        completion_tokens=tokens,
+        wall_s=round(wall, 2),
+        tokens_per_s=round(tokens / wall, 1) if wall > 0 else 0.0,
+        p0_turnaround_s=None if p0 is None else round(float(p0), 2),
+        windows=[(round(at - windows[0][0], 1), size) for at, size in windows] if windows else [],
+        posted=posted,
+    )
+
+
+async def measure(url: str, count: int) -> dict[str, Any]:
+    reviews, hotfix = workload(count)
+    line_budget = await served_line_budget(settings_for(url))
+    print(f"{len(reviews)} reviews, chunks of up to {line_budget} lines", file=sys.stderr)
+    raw = await raw_sweep(url, reviews, line_budget)
+    window1 = await drain_through_bot(
+        url,
+        reviews,
+        hotfix,
+        window=WindowSettings(floor=1, ceiling=1, initial=1),
+        line_budget=line_budget,
+        mode="window-1",
+    )
+    print(f"window 1: {window1.tokens_per_s} tokens/s", file=sys.stderr)
+    adaptive = await drain_through_bot(
+        url,
+        reviews,
+        hotfix,
+        window=ADAPTIVE,
+        line_budget=line_budget,
+        mode="adaptive",
+    )
+    print(f"adaptive: {adaptive.tokens_per_s} tokens/s", file=sys.stderr)
+    idle = await drain_through_bot(
+        url,
+        [],
+        hotfix,
+        window=ADAPTIVE,
+        line_budget=line_budget,
+        mode="p0-idle",
+    )
+    best = max(raw, key=lambda row: row["tokens_per_s"])
+    result = {
+        "raw_best_tokens_per_s": best["tokens_per_s"],
+        "raw_best_concurrency": best["concurrency"],
+        "window1_tokens_per_s": window1.tokens_per_s,
+        "bot_tokens_per_s": adaptive.tokens_per_s,
+        "p0_idle_turnaround_s": idle.p0_turnaround_s,
+        "p0_loaded_turnaround_s": adaptive.p0_turnaround_s,
+        "p0_loaded_window1_turnaround_s": window1.p0_turnaround_s,
+        "reviews": len(reviews),
+        "line_budget": line_budget,
+        "raw_sweep": raw,
+        "drains": [dataclasses.asdict(d) for d in (window1, adaptive, idle)],
+    }
+    result["adaptive_over_raw"] = round(result["bot_tokens_per_s"] / best["tokens_per_s"], 3)
+    result["adaptive_over_window1"] = round(
+        result["bot_tokens_per_s"] / max(0.1, result["window1_tokens_per_s"]), 2
+    )
+    if idle.p0_turnaround_s and adaptive.p0_turnaround_s:
+        result["p0_loaded_over_idle"] = round(adaptive.p0_turnaround_s / idle.p0_turnaround_s, 2)
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        "### Engine throughput on the CPU vLLM (`make bench-engine`)",
+        "",
+        f"SmolLM2-135M on vllm-cpu 0.32 (`--max-num-seqs {MAX_NUM_SEQS}`), {result['reviews']} "
+        f"small reviews plus one P0, chunks of up to {result['line_budget']} lines, "
+        f"{ANSWER_TOKENS} answer tokens a chunk at most.",
+        "",
+        "| concurrency (raw server) | calls | completion tokens/s | mean latency s |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    for row in result["raw_sweep"]:
+        lines.append(
+            f"| {row['concurrency']} | {row['calls']} | {row['tokens_per_s']} "
+            f"| {row['mean_latency_s']} |"
+        )
+    lines += [
+        "",
+        "| whole bot | chunks | completion tokens/s | P0 turnaround s | windows |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for drain in result["drains"]:
+        sizes = " ".join(str(size) for _, size in drain["windows"][:12])
+        lines.append(
+            f"| {drain['mode']} | {drain['chunks']} | {drain['tokens_per_s']} "
+            f"| {drain['p0_turnaround_s']} | {sizes} |"
+        )
+    lines += [
+        "",
+        f"raw best {result['raw_best_tokens_per_s']} tokens/s (concurrency "
+        f"{result['raw_best_concurrency']}); the bot, adaptive: {result['bot_tokens_per_s']} "
+        f"({result['adaptive_over_raw']}x raw best, {result['adaptive_over_window1']}x window 1); "
+        f"P0 loaded {result['p0_loaded_turnaround_s']} s against "
+        f"{result['p0_idle_turnaround_s']} s alone.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running CPU vLLM server (else one is started)")
+    parser.add_argument("--reviews", type=int, default=48)
+    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(vllm_server())
+        result = asyncio.run(measure(url, args.reviews))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = render(result)
+    (out / "engine.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
