@@ -111,8 +111,12 @@ def _command_simulate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _command_emulator(args: argparse.Namespace, settings: Settings) -> int:
     from bot.emulator import run_emulator
+    from bot.emulator.manage import PullSpecError
 
-    run_emulator(host=args.host, port=args.port)
+    try:
+        run_emulator(host=args.host, port=args.port, prs_file=args.prs)
+    except PullSpecError as exc:
+        raise ConfigError(f"--prs: {exc}") from exc
     return 0
 
 
@@ -185,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     emulator = commands.add_parser("emulator", help="run the GitHub/GitLab forge emulator")
     emulator.add_argument("--host", default="127.0.0.1")
     emulator.add_argument("--port", type=int, default=8900)
+    emulator.add_argument(
+        "--prs",
+        metavar="FILE",
+        help="also hold these PRs/MRs: a JSON list, object or lines (see POST /_emulator/prs)",
+    )
     emulator.set_defaults(handler=_command_emulator)
 
     report = commands.add_parser("report", help="admin reports from the database")

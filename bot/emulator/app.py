@@ -46,6 +46,7 @@ from bot.emulator.http import (
     github_error,
     not_found,
 )
+from bot.emulator.manage import add_control_routes
 from bot.emulator.quiet import QUIET_ROUTES
 from bot.emulator.state import (
     BOT_LOGIN,
@@ -282,6 +283,7 @@ def create_emulator_app(state: EmulatorState) -> web.Application:
 
     app = web.Application()
     app[EMULATOR_STATE] = state
+    add_control_routes(app)  # /_emulator/*: held PRs, new PRs from outside, what was posted
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app
 

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from bot.emulator.app import create_emulator_app
 from bot.emulator.diffs import generate_file_changes
+from bot.emulator.manage import add_pull_spec, emulator_banner, load_pull_specs
 from bot.emulator.state import EmulatedPull, EmulatorState
 
 logger = logging.getLogger(__name__)
@@ -93,10 +94,14 @@ async def serve_emulator(
     stop: asyncio.Event | None = None,
     seed_pulls: int = 3,
     on_ready: Callable[[ForgeEmulator], object] | None = None,
+    prs_file: str | None = None,
 ) -> None:
-    """Serve a seeded emulator until `stop` is set (or SIGINT/SIGTERM without one)."""
+    """Serve a seeded emulator (plus the PRs of `prs_file`) until `stop` is set (or
+    SIGINT/SIGTERM without one); raises PullSpecError for a bad `prs_file`."""
     state = EmulatorState()
     seed_examples(state, pulls=seed_pulls)
+    for spec in load_pull_specs(prs_file) if prs_file else ():
+        add_pull_spec(state, spec)
     done = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM) if stop is None else ()
@@ -104,11 +109,7 @@ async def serve_emulator(
         loop.add_signal_handler(signum, done.set)
     try:
         async with ForgeEmulator(state, host=host, port=port) as emulator:
-            print(
-                f"forge emulator: GitHub API at {emulator.github_url}, "
-                f"GitLab API at {emulator.gitlab_url}/api/v4",
-                flush=True,
-            )
+            print(emulator_banner(state, emulator.base_url), flush=True)
             if on_ready is not None:
                 on_ready(emulator)
             await done.wait()
@@ -117,7 +118,7 @@ async def serve_emulator(
             loop.remove_signal_handler(signum)
 
 
-def run_emulator(port: int, host: str = "127.0.0.1") -> int:
-    """`bot emulator --port N`: serve a seeded emulator until interrupted; returns an exit code."""
-    asyncio.run(serve_emulator(port, host=host))
+def run_emulator(port: int, host: str = "127.0.0.1", prs_file: str | None = None) -> int:
+    """`bot emulator --port N [--prs FILE]`: serve until interrupted; returns an exit code."""
+    asyncio.run(serve_emulator(port, host=host, prs_file=prs_file))
     return 0
