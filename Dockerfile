@@ -6,12 +6,17 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1
 
 WORKDIR /app
+# The pinned versions first (scripts/lock.sh writes the lock): a layer that changes only with it.
+COPY requirements.lock ./
+RUN pip install --no-deps -r requirements.lock
 COPY pyproject.toml README.md alembic.ini ./
 COPY bot ./bot
 COPY migrations ./migrations
 COPY policies ./policies
-# Editable: the package finds migrations/ and policies/ beside it, as in a checkout.
-RUN pip install -e . && useradd --system --uid 10001 --home-dir /app reviewbot
+# Editable: the package finds migrations/ and policies/ beside it, as in a checkout. --no-deps:
+# everything it needs came from the lock, nothing unpinned is resolved here.
+RUN pip install --no-deps -e . && pip check \
+    && useradd --system --uid 10001 --home-dir /app reviewbot
 
 USER reviewbot
 EXPOSE 8080
