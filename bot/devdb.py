@@ -89,13 +89,55 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+INITDB_OPTIONS = ("-A", "trust", "--no-sync", "-E", "UTF8")
+
+
+@dataclass
+class Cluster:
+    """A PostgreSQL cluster in a directory of its own, run by this process with pg_ctl: the
+    fallback server, and the server fault drills stop and restart under a running bot."""
+
+    root: Path
+    port: int
+    pg_ctl: str
+    run_as: list[str]
+    user: str = "postgres"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(
+            [*self.run_as, self.pg_ctl, "-D", str(self.root / "data"), *args],
+            check=True,
+            capture_output=True,
+        )
+
+    def _options(self) -> list[str]:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        return ["-l", str(self.root / "log"), "-o", options]
+
+    def start(self) -> None:
+        self._ctl(*self._options(), "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: `fast` ends sessions cleanly, `immediate` is a crash."""
+        self._ctl("-m", mode, "-w", "stop")
+
+    def restart(self, mode: str = "fast") -> None:
+        self._ctl(*self._options(), "-m", mode, "-w", "restart")
+
+
 @contextlib.contextmanager
-def _throwaway_cluster(initdb: str, pg_ctl: str) -> Iterator[str]:
-    """A PostgreSQL cluster in a temp directory, stopped and removed afterwards."""
+def throwaway_cluster(initdb: str | None = None, pg_ctl: str | None = None) -> Iterator[Cluster]:
+    """A new cluster in a temp directory (the machine's initdb/pg_ctl), started, and stopped
+    and removed afterwards."""
+    initdb = initdb or _find_binary("initdb")
+    pg_ctl = pg_ctl or _find_binary("pg_ctl")
+    if not initdb or not pg_ctl:
+        raise ConfigError("initdb and pg_ctl are not installed")
     root = Path(tempfile.mkdtemp(prefix="review-bot-pg-"))
-    data = root / "data"
-    port = _free_port()
-    user = "postgres"
     run_as: list[str] = []
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # initdb refuses to run as root: run the cluster as an unprivileged system user.
@@ -104,34 +146,26 @@ def _throwaway_cluster(initdb: str, pg_ctl: str) -> Iterator[str]:
             raise ConfigError("initdb cannot run as root and no unprivileged user was found")
         run_as = ["runuser", "-u", owner, "--"]
         shutil.chown(root, owner)
+    cluster = Cluster(root, _free_port(), pg_ctl, run_as)
     subprocess.run(
-        [*run_as, initdb, "-D", str(data), "-U", user, "-A", "trust", "--no-sync", "-E", "UTF8"],
+        [*run_as, initdb, "-D", str(root / "data"), "-U", cluster.user, *INITDB_OPTIONS],
         check=True,
         capture_output=True,
     )
-    subprocess.run(
-        [
-            *run_as,
-            pg_ctl,
-            "-D",
-            str(data),
-            "-l",
-            str(root / "log"),
-            "-w",
-            "-o",
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cluster.start()
     try:
-        yield f"postgresql://{user}@127.0.0.1:{port}/postgres"
+        yield cluster
     finally:
-        subprocess.run(
-            [*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True
-        )
+        with contextlib.suppress(subprocess.CalledProcessError):
+            cluster.stop("immediate")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _throwaway_cluster(initdb: str, pg_ctl: str) -> Iterator[str]:
+    """A PostgreSQL cluster in a temp directory, stopped and removed afterwards."""
+    with throwaway_cluster(initdb, pg_ctl) as cluster:
+        yield cluster.url
 
 
 @contextlib.contextmanager

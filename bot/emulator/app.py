@@ -255,12 +255,14 @@ def create_emulator_app(state: EmulatorState) -> web.Application:
             if forge == "github":
                 _check_api_version(request.headers.get("X-GitHub-Api-Version"))
             fault = _next_fault(state, route.name)
-            if fault is not None and fault.delay_s > 0:
+            if fault is not None and fault.delay_s > 0 and not fault.after_handling:
                 await asyncio.sleep(fault.delay_s)
             if fault is not None and fault.status is not None and not fault.after_handling:
                 raise _fault_reply(forge, fault)
             _authenticate(ctx, route)
             body = await route.handler(ctx)
+            if fault is not None and fault.after_handling and fault.delay_s > 0:
+                await asyncio.sleep(fault.delay_s)  # done on the forge, the answer still to come
             if fault is not None and fault.status is not None:
                 raise _fault_reply(forge, fault)
             response = web.json_response(body, status=ctx.status, headers=ctx.headers)

@@ -66,6 +66,11 @@ class Fault:
     def slow(cls, delay_s: float) -> Fault:
         return cls(status=None, delay_s=delay_s)
 
+    @classmethod
+    def late_answer(cls, delay_s: float) -> Fault:
+        """The request takes effect at once; its (normal) answer comes `delay_s` later."""
+        return cls(status=None, delay_s=delay_s, after_handling=True)
+
 
 @dataclass(slots=True)
 class Record:

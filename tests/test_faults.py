@@ -1,0 +1,387 @@
+"""Fault drills on real `bot serve` processes: a web process and dispatcher processes against
+real PostgreSQL and the forge emulator, a burst of signed webhooks, then a fault: a dispatcher
+killed with SIGKILL while chunks run, between its last chunk and posting, or while a post is on
+the wire; the database restarted, and stopped hard for ten seconds; a backend that raises what
+no contract names. Each drill checks that every acknowledged webhook became exactly one posted
+review, that a refused one was not stored, that nothing answered 500, and that the queue
+drained with no process restarted by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from bot import devdb
+from bot.db import upgrade_database
+from bot.demo import SECRET, TOKEN, load_demo_trace, send_request
+from bot.emulator import EmulatorState, ForgeEmulator
+from bot.emulator.state import Fault
+from bot.errors import ConfigError
+from bot.forges.base import find_marker
+from bot.sim.trace import TraceRequest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LEASE_S = 4.0
+HEARTBEAT_S = 1.0
+BURST = 100
+DRAIN_TIMEOUT_S = 150.0
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _wait_until(
+    predicate: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.05)  # real processes on the other side: poll their effects
+
+
+@dataclass
+class Served:
+    """One `bot serve` process and where its log goes."""
+
+    role: str
+    process: asyncio.subprocess.Process
+    port: int
+    log: Path
+
+    @property
+    def owner(self) -> str:
+        """The lease owner the process writes (bot.serve.worker_name)."""
+        return f"{socket.gethostname()}-{self.process.pid}"
+
+    @property
+    def poster_pattern(self) -> str:
+        """What its posting claims are written as (bot.review.poster.PostingSettings.owner)."""
+        return f"poster-{self.process.pid}-%"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+
+
+def _environment(database_url: str, emulator: ForgeEmulator, **extra: str) -> dict[str, str]:
+    return {
+        **{key: value for key, value in os.environ.items() if not key.startswith("REVIEW_BOT_")},
+        "DATABASE_URL": database_url,
+        "GITHUB_WEBHOOK_SECRET": SECRET,
+        "GITLAB_WEBHOOK_TOKEN": SECRET,
+        "GITHUB_TOKEN": TOKEN,
+        "GITLAB_TOKEN": TOKEN,
+        "GITHUB_API_URL": emulator.github_url,
+        "GITLAB_URL": emulator.gitlab_url,
+        "REVIEW_BOT_LLM": "simulated",
+        # Simulated calls take a twentieth of the trace's GPU time, in real time: work is in
+        # flight when the fault comes.
+        "REVIEW_BOT_SIM_TIME_SCALE": "0.05",
+        "REVIEW_BOT_WORKERS": "4",
+        "REVIEW_BOT_LEASE_S": str(LEASE_S),
+        "REVIEW_BOT_HEARTBEAT_S": str(HEARTBEAT_S),
+        # One posted review per job, found by its marker: the drills count them.
+        "REVIEW_BOT_QUIET": "false",
+        "REVIEW_BOT_STATUS": "false",
+        "PYTHONPATH": str(REPO_ROOT),
+        **extra,
+    }
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    roles: Sequence[str], env: dict[str, str], logs: Path
+) -> AsyncIterator[list[Served]]:
+    """Start one `bot serve` per role; they are stopped (SIGTERM, then SIGKILL) afterwards."""
+    served: list[Served] = []
+    try:
+        for index, role in enumerate(roles):
+            port = _free_port()
+            log = logs / f"{index}-{role}.log"
+            with log.open("wb") as sink:  # the child keeps its own descriptor
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "bot",
+                    "serve",
+                    "--role",
+                    role,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    env=env,
+                    cwd=REPO_ROOT,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=sink,
+                )
+            served.append(Served(role, process, port, log))
+        for item in served:
+
+            async def listening(item: Served = item) -> bool:
+                assert item.process.returncode is None, (
+                    f"bot serve --role {item.role} exited: {item.log.read_text()[-3000:]}"
+                )
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", item.port)
+                except OSError:
+                    return False
+                writer.close()
+                await writer.wait_closed()
+                return True
+
+            await _wait_until(listening, timeout_s=60, what=f"bot serve --role {item.role}")
+        yield served
+    finally:
+        for item in served:
+            if item.process.returncode is None:
+                item.process.send_signal(signal.SIGTERM)
+        for item in served:
+            try:
+                await asyncio.wait_for(item.process.wait(), timeout=30)
+            except TimeoutError:
+                item.process.kill()
+                await item.process.wait()
+
+
+def _burst(count: int) -> list[TraceRequest]:
+    """`count` small pull/merge requests of the demo's morning, each its own PR, none a draft."""
+    trace, _ = load_demo_trace(4 * count, max_lines=60)
+    chosen: list[TraceRequest] = []
+    seen: set[tuple[str, str, int]] = set()
+    for request in trace.requests:
+        # Four in five go to GitLab: GitHub's pace of one content POST a second per process
+        # would make the drills measure the pacing.
+        forge = "github" if len(chosen) % 5 == 0 else "gitlab"
+        key = (forge, request.repo, request.number)
+        if request.action != "opened" or request.draft or key in seen:
+            continue
+        seen.add(key)
+        chosen.append(dataclasses.replace(request, forge=forge, depends_on=()))
+    assert len(chosen) >= count, f"the demo trace has only {len(chosen)} fitting requests"
+    return chosen[:count]
+
+
+async def _send_all(
+    emulator: ForgeEmulator, url: str, requests: Sequence[TraceRequest], *, per_s: float = 0.0
+) -> dict[tuple[str, str, int], str]:
+    """Each request's answer by its PR ("queued", "refused 503", "no answer: ...")."""
+    answers: dict[tuple[str, str, int], str] = {}
+    seen: set[tuple[str, str, int]] = set()
+    for request in requests:
+        key = (request.forge, request.repo, request.number)
+        try:
+            answers[key] = await send_request(emulator, url, request, seen)
+        except (TimeoutError, OSError) as exc:  # no answer: the bot may or may not have it
+            answers[key] = f"no answer: {exc!r}"
+        if per_s:
+            await asyncio.sleep(1.0 / per_s)  # the forge's pace of deliveries
+    return answers
+
+
+async def _fetch(database_url: str, query: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+async def _drained(database_url: str) -> bool:
+    rows = await _fetch(
+        database_url,
+        "SELECT count(*) AS live FROM review_jobs WHERE state IN ('waiting', 'queued', 'running')",
+    )
+    return int(rows[0]["live"]) == 0
+
+
+def _markers(state: EmulatorState) -> Counter[int | None]:
+    posted = state.posted(kind="review") + state.posted(kind="note")
+    return Counter(find_marker(record.body) for record in posted)
+
+
+async def _check_exactly_once(
+    database_url: str, state: EmulatorState, answers: dict[tuple[str, str, int], str]
+) -> dict[str, int]:
+    """Every acknowledged webhook is one done job with one posted review; refused ones left no
+    job; nothing answered 500. Returns the answers counted."""
+    outcomes = Counter(
+        answer if not answer.startswith("no answer") else "no answer" for answer in answers.values()
+    )
+    assert set(outcomes) <= {"queued", "refused 503", "no answer"}, outcomes
+    jobs = await _fetch(database_url, "SELECT id, forge, repo, number, state FROM review_jobs")
+    by_pull = {(row["forge"], row["repo"], row["number"]): row for row in jobs}
+    assert len(by_pull) == len(jobs), "a pull request got two jobs"
+    for key, answer in answers.items():
+        if answer == "queued":
+            assert key in by_pull, f"{key} was acknowledged and never stored"
+        elif answer == "refused 503":
+            assert key not in by_pull, f"{key} was refused and stored anyway"
+    assert Counter(row["state"] for row in jobs) == {"done": len(jobs)}
+    markers = _markers(state)
+    assert markers.get(None, 0) == 0, "a review without the job's marker"
+    assert {job_id: count for job_id, count in markers.items() if count != 1} == {}
+    assert set(markers) == {row["id"] for row in jobs}
+    return dict(outcomes)
+
+
+async def _jobs_posting_by(database_url: str, owner_pattern: str) -> list[int]:
+    """Jobs whose every chunk is done and whose assembling and posting a process whose posting
+    claims match `owner_pattern` (LIKE) holds."""
+    rows = await _fetch(
+        database_url,
+        """
+        SELECT id FROM review_jobs
+        WHERE state = 'running' AND planned AND chunks_total > 0
+          AND chunks_done = chunks_total AND request->>'posting_by' LIKE $1
+          AND CAST(request->>'posting_until' AS timestamptz) > now()
+        """,
+        owner_pattern,
+    )
+    return [row["id"] for row in rows]
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[ForgeEmulator]:
+    async with ForgeEmulator(EmulatorState()) as running:
+        yield running
+
+
+@pytest.mark.parametrize("point", ["chunks running", "before posting", "post on the wire"])
+async def test_a_dispatcher_killed_mid_burst_loses_and_repeats_nothing(
+    point: str, db_url: str, emulator: ForgeEmulator, tmp_path: Path
+) -> None:
+    state = emulator.state
+    if point == "before posting":
+        # Looking for an earlier review is slow: jobs wait, claimed, between chunks and post.
+        for route in ("github.reviews.list", "gitlab.notes.list"):
+            state.add_fault(route, Fault.slow(1.5), times=40)
+    elif point == "post on the wire":
+        # The forge takes the review at once and answers late: the poster dies in between.
+        for route in ("github.reviews.create", "gitlab.notes.create"):
+            state.add_fault(route, Fault.late_answer(2.0), times=40)
+    env = _environment(db_url, emulator)
+    async with _serving(["web", "dispatcher", "dispatcher"], env, tmp_path) as served:
+        web, victim, survivor = served
+        answers = await _send_all(emulator, web.url, _burst(BURST))
+
+        async def at_the_point() -> bool:
+            if point == "chunks running":
+                rows = await _fetch(
+                    db_url,
+                    "SELECT count(*) AS n FROM review_chunks"
+                    " WHERE state = 'running' AND lease_owner = $1",
+                    victim.owner,
+                )
+                return int(rows[0]["n"]) >= 2
+            claimed = await _jobs_posting_by(db_url, victim.poster_pattern)
+            on_forge = {job for job in claimed if _markers(state).get(job)}
+            if point == "before posting":
+                return bool(set(claimed) - on_forge)
+            return bool(on_forge)
+
+        await _wait_until(at_the_point, timeout_s=60, what=f"the victim at '{point}'")
+        victim.kill()
+        killed_at = time.monotonic()
+        await victim.process.wait()
+
+        async def drained() -> bool:
+            assert survivor.process.returncode is None, survivor.log.read_text()[-3000:]
+            return await _drained(db_url)
+
+        await _wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
+        drain_s = time.monotonic() - killed_at
+        assert web.process.returncode is None
+    outcomes = await _check_exactly_once(db_url, state, answers)
+    assert outcomes == {"queued": BURST}
+    print(f"killed at '{point}': {BURST} reviews posted once each, drained {drain_s:.1f} s after")
+
+
+async def test_a_backend_raising_the_unexpected_loses_no_review(
+    db_url: str, emulator: ForgeEmulator, tmp_path: Path
+) -> None:
+    # Every fifth chunk's first call raises an error no backend contract names.
+    env = _environment(db_url, emulator, REVIEW_BOT_SIM_FAULT_EVERY="5")
+    async with _serving(["all"], env, tmp_path) as (bot,):
+        answers = await _send_all(emulator, bot.url, _burst(BURST))
+        await _wait_until(
+            lambda: _drained(db_url), timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain"
+        )
+        assert bot.process.returncode is None
+    assert await _check_exactly_once(db_url, emulator.state, answers) == {"queued": BURST}
+    faulted = await _fetch(
+        db_url,
+        "SELECT count(*) AS n FROM review_chunks WHERE attempts > 0 AND state = 'done'"
+        " AND last_error IS NOT NULL",
+    )
+    assert int(faulted[0]["n"]) >= BURST // 10, "the drill's faults never fired"
+
+
+@pytest.fixture
+def cluster() -> Iterator[devdb.Cluster]:
+    try:
+        with devdb.throwaway_cluster() as made:
+            yield made
+    except ConfigError as exc:
+        pytest.skip(f"no PostgreSQL cluster of our own to restart: {exc}")
+
+
+async def test_the_database_restarting_and_stopping_hard_is_survived(
+    cluster: devdb.Cluster, emulator: ForgeEmulator, tmp_path: Path
+) -> None:
+    name = devdb.unique_database_name("rbt_faults")
+    database_url = await devdb.create_database(cluster.url, name)
+    await upgrade_database(database_url)
+    env = _environment(database_url, emulator)
+    requests = _burst(150)
+    async with _serving(["web", "dispatcher", "dispatcher"], env, tmp_path) as served:
+        web = served[0]
+        sending = asyncio.create_task(_send_all(emulator, web.url, requests, per_s=8.0))
+        await asyncio.sleep(1.5)  # webhooks arriving, work running
+        await asyncio.to_thread(cluster.restart, "fast")
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(cluster.stop, "immediate")
+        await asyncio.sleep(10.0)  # the database is away for ten seconds
+        await asyncio.to_thread(cluster.start)
+        back_at = time.monotonic()
+        answers = await sending
+
+        async def drained() -> bool:
+            for item in served:
+                assert item.process.returncode is None, (
+                    f"{item.role} exited: {item.log.read_text()[-3000:]}"
+                )
+            try:
+                return await _drained(database_url)
+            except (OSError, asyncpg.PostgresError):
+                return False
+
+        await _wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
+        drain_s = time.monotonic() - back_at
+    outcomes = await _check_exactly_once(database_url, emulator.state, answers)
+    assert outcomes.get("queued", 0) >= 50, outcomes
+    assert outcomes.get("refused 503", 0) >= 1, f"the outage refused nothing: {outcomes}"
+    print(f"database restarted and stopped hard: {outcomes}, drained {drain_s:.1f} s after")
