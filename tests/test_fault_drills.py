@@ -26,16 +26,20 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from bot.database_url import plain_url
 from bot.emulator import (
     EmulatedPull,
     EmulatorState,
+    Fault,
     ForgeEmulator,
     generate_file_changes,
     github_pull_request_hook,
     send_webhook,
 )
+from bot.emulator.app import create_emulator_app
 from bot.forges.base import find_marker
 
 pytestmark = pytest.mark.slow
@@ -342,11 +346,34 @@ def no_unexpected_errors(process: BotProcess) -> None:
     assert "background task failed" not in log, log[-3000:]
 
 
+@web.middleware
+async def read_whole_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Read the body before working on the request, as a forge behind a buffering proxy does:
+    a post whose answer is slow (an injected delay) then takes effect even if its sender died
+    meanwhile, and only the answer is lost."""
+    await request.read()
+    return await handler(request)
+
+
+class BufferingEmulator(ForgeEmulator):
+    """The forge emulator with the whole request read before it is handled."""
+
+    async def start(self) -> str:
+        app = create_emulator_app(self.state)
+        app.middlewares.append(read_whole_request)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.host, self.port).start()
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        return self.base_url
+
+
 @pytest.fixture
 async def emulator() -> AsyncIterator[ForgeEmulator]:
     state = EmulatorState()
     state.github_tokens.add(TOKEN)
-    async with ForgeEmulator(state) as running:
+    async with BufferingEmulator(state) as running:
         yield running
 
 
@@ -359,45 +386,96 @@ async def rig(db_url: str, emulator: ForgeEmulator, tmp_path: Path) -> AsyncIter
         await made.close()
 
 
-async def running_chunks(rig: Rig, owner: str) -> list[int]:
-    rows = await rig.fetch(
-        "SELECT id FROM review_chunks WHERE state = 'running' AND lease_owner = $1", owner
-    )
-    return [int(row["id"]) for row in rows]
-
-
 # --- kill -9 of a dispatcher --------------------------------------------------------------
 
 
-async def test_a_dispatcher_killed_while_its_chunks_run_loses_nothing(rig: Rig) -> None:
+async def running_chunks(rig: Rig, process: BotProcess) -> set[int]:
+    """Chunks the process holds a lease on."""
+    rows = await rig.fetch(
+        "SELECT id FROM review_chunks WHERE state = 'running' AND lease_owner = $1",
+        process.owner,
+    )
+    return {int(row["id"]) for row in rows}
+
+
+async def posting_claims(rig: Rig, process: BotProcess) -> set[int]:
+    """Jobs whose chunks are all done and whose posting the process has claimed, unfinished
+    (a poster's claims carry its pid: bot.review.poster.PostingSettings.owner)."""
+    rows = await rig.fetch(
+        "SELECT id FROM review_jobs WHERE state = 'running' AND request->>'posting_by' LIKE $1",
+        f"poster-{process.process.pid}-%",
+    )
+    return {int(row["id"]) for row in rows}
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    """Where in a review the dispatcher dies: what the forge is made to do meanwhile, and
+    what it holds in the database when it is killed."""
+
+    name: str
+    slow_route: str | None  # an emulator route that answers late, so a stage stays open
+    holds: Callable[[Rig, BotProcess], Awaitable[set[int]]]
+    enough: int
+
+
+KILL_POINTS = [
+    # Chunks leased and their model calls under way.
+    KillPoint("while chunks run", None, running_chunks, 4),
+    # Every chunk done, the posting claimed, nothing sent yet: the lookup for an earlier post
+    # of the review (its marker) hangs.
+    KillPoint("after the last chunk, before the post", "github.reviews.list", posting_claims, 2),
+    # The review is on the wire: the forge takes it, but the killed process never hears back
+    # or records it. The taker-over must find it by its marker, not post it again.
+    KillPoint("during the post", "github.reviews.create", posting_claims, 2),
+]
+SLOW_ROUTE_S = 3.0
+SLOW_REQUESTS = 30  # the first requests of the route answer late, then it is fast again
+
+
+@pytest.mark.parametrize("point", KILL_POINTS, ids=lambda point: point.name.replace(" ", "-"))
+async def test_a_dispatcher_killed_mid_review_loses_nothing_and_posts_nothing_twice(
+    rig: Rig, point: KillPoint
+) -> None:
+    if point.slow_route is not None:
+        rig.state.add_fault(point.slow_route, Fault.slow(SLOW_ROUTE_S), times=SLOW_REQUESTS)
     web, a, b = await rig.start_all()
-    pulls = rig.add_pulls(BURST)
-    sending = asyncio.create_task(rig.send(web, pulls))
+    sending = asyncio.create_task(rig.send(web, rig.add_pulls(BURST)))
 
-    async def a_is_busy() -> bool:
-        return len(await running_chunks(rig, a.owner)) >= 4
+    async def a_holds_enough() -> bool:
+        return len(await point.holds(rig, a)) >= point.enough
 
-    await wait_for(a_is_busy, timeout_s=60, what="dispatcher a to run chunks")
-    held = await running_chunks(rig, a.owner)
+    await wait_for(a_holds_enough, timeout_s=60, what=f"dispatcher a to be {point.name}")
+    held = await point.holds(rig, a)
     a.kill()
     killed_at = time.monotonic()
     await sending
 
     async def taken_over() -> bool:
-        return not await running_chunks(rig, a.owner)
+        return not await point.holds(rig, a)
 
-    takeover_s = await wait_for(taken_over, timeout_s=DRAIN_TIMEOUT_S, what="a's leases to go")
+    # Until its leases and claims run out nobody touches what a held; then others do.
+    takeover_s = await wait_for(taken_over, timeout_s=DRAIN_TIMEOUT_S, what="a's work to go")
     await rig.wait_drained()
     drain_s = time.monotonic() - killed_at
     report = await rig.check_outcome()
     assert report.acknowledged == BURST and report.posted == BURST
-    # Its chunks were taken back within about one lease (and a heartbeat, and a busy machine's
-    # slack), not after a fixed maintenance period.
-    assert takeover_s < LEASE_S + 2 * HEARTBEAT_S + 5, takeover_s
+    # Taken back within about one lease (and a heartbeat, and a busy machine's slack), not
+    # after a fixed period of minutes.
+    assert takeover_s < LEASE_S + 2 * HEARTBEAT_S + SLOW_ROUTE_S + 5, takeover_s
     assert web.alive and b.alive
     no_unexpected_errors(b)
+    found = await rig.fetch(
+        "SELECT id FROM review_jobs WHERE id = ANY($1::bigint[])"
+        " AND (review->>'already_posted')::boolean",
+        sorted(held),
+    )
+    if point.slow_route == "github.reviews.create":
+        # At least one review reached the forge from the dead process: found, not reposted.
+        assert found, "no review of the killed dispatcher was on the wire when it died"
     print(
-        f"\nkill -9 while chunks run: {report.acknowledged} acknowledged, {report.posted} posted"
-        f" once each; the killed dispatcher's {len(held)} chunks taken back"
-        f" {takeover_s:.1f} s after the kill; queue drained {drain_s:.1f} s after it"
+        f"\nkill -9 {point.name}: {report.acknowledged} acknowledged, {report.posted} posted"
+        f" once each; {len(held)} held by the killed dispatcher, taken back {takeover_s:.1f} s"
+        f" after the kill ({len(found)} found already on the forge by their marker); queue"
+        f" drained {drain_s:.1f} s after the kill"
     )
