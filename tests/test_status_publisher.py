@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -284,3 +286,63 @@ async def test_failed_writes_never_stop_the_review_and_are_tried_again(
     assert refused.failed == 1
     assert (await statuses.publish_once(clock.now())).failed == 0
     assert emulator.state.count_requests("github.check_runs.create", status=403) == 1
+
+
+async def test_a_burst_of_a_thousand_reviews_writes_a_status_each_plus_state_changes(
+    store: QueueStore, emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    """1,000 reviews queued at once, drained over 60 passes 20 s apart: at most one write a
+    review plus one per state change, never two for one review within a minute unless its
+    state changed, and every write paced like any content-creating call (one a second)."""
+    burst = 1000
+    pulls = [
+        emulator.state.add_pull("github", REPO, number, files=FILES)
+        for number in range(1, burst + 1)
+    ]
+    for pull in pulls:
+        await queue_job(store, clock, pull, 40)
+    client = GitHubClient(session, base_url=emulator.github_url, token=GITHUB_TOKEN,
+                          clock=clock.now, sleep=clock.sleep, post_interval_s=1.0)  # fmt: skip
+    statuses = publisher(store, {"github": client}, clock)
+    review = {"counts": {}, "url": "https://example.test/r"}
+    # The queue drains at the pace the ETA was given for (two slots, 17 s a review by the
+    # estimator's prior), in the virtual time the passes and the writes' pacing take.
+    owed, last = 0.0, clock.now()
+    for _ in range(60):
+        await statuses.publish_once(clock.now())
+        clock.advance(20)
+        owed += (clock.now() - last).total_seconds() / (17.0 / 2)
+        last = clock.now()
+        while owed >= 1:
+            owed -= 1
+            leased = await store.fetch_chunk(levels=LEVELS, owner="w", now=clock.now(), lease_s=60)
+            assert leased is not None
+            outcome = await store.finish_chunk(
+                leased.chunk.id, owner="w", now=clock.now(), gpu_seconds=17.0, result={}
+            )
+            assert outcome.job_complete
+            await store.finish_job(outcome.job_id, now=clock.now(), review=review)
+    await statuses.publish_once(clock.now())
+
+    jobs = await store.list_jobs(limit=2 * burst)
+    finished = sum(job.state == JobState.DONE for job in jobs)
+    assert 100 <= finished < burst  # some ended, most still waited when the passes stopped
+    writes = [s for s in emulator.state.commit_statuses if s["_forge"] == "github"]
+    # A job leased and finished in one pass changes state twice between two looks.
+    assert burst <= len(writes) <= burst + 2 * finished, (len(writes), finished)
+    print(f"{burst} queued, {finished} finished: {len(writes)} status writes")
+    by_sha: dict[str, list[dict[str, Any]]] = {}
+    for write in writes:
+        by_sha.setdefault(write["sha"], []).append(write)
+    assert len(by_sha) == burst  # every review shows where it stands
+    for sha_writes in by_sha.values():
+        for before, after in itertools.pairwise(sha_writes):
+            if before["state"] == after["state"] and after["state"] == "pending":
+                gap = datetime.fromisoformat(after["created_at"].replace("Z", "+00:00")) - (
+                    datetime.fromisoformat(before["created_at"].replace("Z", "+00:00"))
+                )
+                # Same state: only a level change or a quarter's move, at most once a minute
+                # (a start of review is a state change with the same GitHub state).
+                assert gap.total_seconds() >= 60 or after["description"].startswith("P1 · 0 of")
+    stamps = sorted(datetime.fromisoformat(s["created_at"].replace("Z", "+00:00")) for s in writes)
+    assert all((b - a).total_seconds() >= 1 for a, b in itertools.pairwise(stamps))
