@@ -210,13 +210,15 @@ def test_first_chunks_rank_before_continuations_and_short_before_long() -> None:
     )
 
 
-def test_a_small_first_chunk_lets_a_large_review_start_before_a_mid_sized_one() -> None:
+def test_a_large_reviews_first_chunk_ranks_by_the_whole_review() -> None:
+    """Shortest review first is what minimizes turnaround: a large review's small first chunk
+    does not jump a mid-sized review, unless asked to (time to first chunk)."""
     estimator = ServiceEstimator.with_prior()
     large = rank_chunks([100, 400, 400], estimator=estimator)
     mid = rank_chunks([300], estimator=estimator)
-    assert large[0] < mid[0] < CONTINUATION_RANK_OFFSET
-    whole_job = rank_chunks([100, 400, 400], estimator=estimator, fresh_by_first_chunk=False)
-    assert whole_job[0] > mid[0]
+    assert mid[0] < large[0] < CONTINUATION_RANK_OFFSET
+    by_first_chunk = rank_chunks([100, 400, 400], estimator=estimator, fresh_by_first_chunk=True)
+    assert by_first_chunk[0] < mid[0]
 
 
 def test_queued_continuations_carry_the_rank_of_the_jobs_next_chunk() -> None:

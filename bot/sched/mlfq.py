@@ -378,14 +378,16 @@ def rank_chunks(
     done_gpu_s: float = 0.0,
     first_seq: int = 0,
     new_work_first: bool = True,
-    fresh_by_first_chunk: bool = True,
+    fresh_by_first_chunk: bool = False,
 ) -> tuple[float, ...]:
     """Ranks for a job's chunks from `first_seq` on (smaller runs first).
 
     A continuation's rank is the job's expected remaining GPU seconds from that chunk on, pushed
     behind new work by CONTINUATION_RANK_OFFSET when `new_work_first`. A first chunk ranks by
-    its own expected cost when `fresh_by_first_chunk`: a job's wait ends when its first call
-    starts, so a large review with a small first chunk is not kept behind every small one.
+    the whole job's expected work, shortest review first, which is what minimizes turnaround
+    (push to posted review); `fresh_by_first_chunk` ranks it by its own small cost instead,
+    which starts large reviews sooner (time to first chunk) and finishes everything later
+    (morning burst: mean turnaround 92.3 s against 90.1 s).
     """
     total = sum(chunk_lines)
     ranks: list[float] = []
