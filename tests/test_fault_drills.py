@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +32,9 @@ import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from bot import devdb
 from bot.database_url import plain_url
+from bot.db import upgrade_database
 from bot.emulator import (
     EmulatedPull,
     EmulatorState,
@@ -188,11 +193,11 @@ class Rig:
         self.processes.append(started)
         return started
 
-    async def start_all(self, **dispatcher_a: str) -> tuple[BotProcess, BotProcess, BotProcess]:
-        """The web role and dispatchers a and b (a takes `dispatcher_a` settings besides)."""
+    async def start_all(self, **dispatchers: str) -> tuple[BotProcess, BotProcess, BotProcess]:
+        """The web role and dispatchers a and b (with `dispatchers` settings besides)."""
         web = await self.start("web", "web")
-        a = await self.start("dispatcher-a", "dispatcher", **dispatcher_a)
-        b = await self.start("dispatcher-b", "dispatcher")
+        a = await self.start("dispatcher-a", "dispatcher", **dispatchers)
+        b = await self.start("dispatcher-b", "dispatcher", **dispatchers)
         for process in (web, a, b):
             await wait_for(process.listening, timeout_s=60, what=f"{process.name} to listen")
         return web, a, b
@@ -478,4 +483,159 @@ async def test_a_dispatcher_killed_mid_review_loses_nothing_and_posts_nothing_tw
         f" once each; {len(held)} held by the killed dispatcher, taken back {takeover_s:.1f} s"
         f" after the kill ({len(found)} found already on the forge by their marker); queue"
         f" drained {drain_s:.1f} s after the kill"
+    )
+
+
+# --- PostgreSQL restarted and stopped under the bot ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A throwaway PostgreSQL cluster of this test's own (never the machine's shared server),
+    stopped and started under the running bot with pg_ctl."""
+
+    url: str
+    root: Path
+    options: str
+    pg_ctl: tuple[str, ...]
+
+    def _run(self, *args: str) -> None:
+        data = str(self.root / "data")
+        log = str(self.root / "log")
+        subprocess.run(
+            [*self.pg_ctl, "-D", data, "-l", log, *args], check=True, capture_output=True
+        )
+
+    def start(self) -> None:
+        self._run("-w", "-o", self.options, "start")
+
+    def stop(self, mode: str) -> None:
+        self._run("-w", "-m", mode, "stop")
+
+    def restart(self, mode: str) -> None:
+        self._run("-w", "-m", mode, "-o", self.options, "restart")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """initdb into a temp directory, started on a free port (as bot.devdb's fallback does)."""
+    initdb, pg_ctl = devdb._find_binary("initdb"), devdb._find_binary("pg_ctl")
+    if not (initdb and pg_ctl):
+        pytest.skip("initdb/pg_ctl are not installed: no throwaway cluster to restart")
+    root = Path(tempfile.mkdtemp(prefix="review-bot-drill-pg-"))
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses root: the cluster runs as an unprivileged user
+        owner = devdb._unprivileged_user()
+        if owner is None:
+            pytest.skip("running as root with no unprivileged user for initdb")
+        run_as = ["runuser", "-u", owner, "--"]
+        shutil.chown(root, owner)
+    subprocess.run(
+        [*run_as, initdb, "-D", str(root / "data"), "-U", "postgres", "-A", "trust", "--no-sync"],
+        check=True,
+        capture_output=True,
+    )
+    port = devdb._free_port()
+    made = Cluster(
+        url=f"postgresql://postgres@127.0.0.1:{port}/postgres",
+        root=root,
+        options=f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off",
+        pg_ctl=(*run_as, pg_ctl),
+    )
+    made.start()
+    try:
+        yield made
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            made.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+OUTAGE_BURST = 180
+OUTAGE_RATE = 10.0  # webhooks a second, all through the restart and the stop
+
+
+async def test_postgresql_restarted_and_stopped_hard_while_webhooks_arrive(
+    cluster: Cluster, emulator: ForgeEmulator, tmp_path: Path
+) -> None:
+    db_url = await devdb.create_database(cluster.url, "drill")
+    await upgrade_database(db_url)
+    rig = Rig(db_url, emulator, tmp_path)
+    try:
+        web_process, a, b = await rig.start_all()
+        pulls = rig.add_pulls(OUTAGE_BURST)
+        started = time.monotonic()
+        sending = asyncio.create_task(rig.send(web_process, pulls, per_second=OUTAGE_RATE))
+        await asyncio.sleep(2.0)  # work under way (real processes, real time)
+        await asyncio.to_thread(cluster.restart, "fast")
+        restarted_at = time.monotonic() - started
+        await asyncio.sleep(3.0)
+        await asyncio.to_thread(cluster.stop, "immediate")
+        stopped_at = time.monotonic() - started
+        await asyncio.sleep(10.0)  # the server is away for ten seconds
+        await asyncio.to_thread(cluster.start)
+        back_at = time.monotonic() - started
+        await sending
+        refused = [d for d in rig.deliveries if d.status == 503]
+        assert refused, "the stop refused no webhook: it did not happen while they arrived"
+        stored = {
+            row["delivery_id"]
+            for row in await rig.fetch("SELECT delivery_id FROM webhook_deliveries")
+        }
+        assert not {d.delivery_id for d in refused} & stored, "a refused webhook was stored"
+        # The forge delivers a refused webhook again, with the same delivery id.
+        await rig.send(
+            web_process,
+            [d.pull for d in refused],
+            delivery_ids={d.pull.number: d.delivery_id for d in refused},
+        )
+        drain_s = await rig.wait_drained()
+        report = await rig.check_outcome()
+        assert report.acknowledged == OUTAGE_BURST and report.posted == OUTAGE_BURST
+        # Nobody restarted anything: every process rode the outage out.
+        for process in (web_process, a, b):
+            assert process.alive, f"{process.name} exited:\n{process.log()[-3000:]}"
+            no_unexpected_errors(process)
+        print(
+            f"\nPostgreSQL restarted (-m fast) at {restarted_at:.1f} s, stopped (-m immediate)"
+            f" at {stopped_at:.1f} s, back at {back_at:.1f} s: {OUTAGE_BURST} webhooks,"
+            f" {OUTAGE_BURST - len(refused)} answered 202 at once, {len(refused)} answered 503"
+            f" (none stored; all taken when delivered again), {report.posted} posted once each;"
+            f" queue drained {drain_s:.1f} s after the last delivery"
+        )
+    finally:
+        await rig.close()
+
+
+# --- an LLM backend that raises what no contract names ------------------------------------
+
+FAULT_EVERY = 4
+
+
+async def test_a_backend_raising_unexpected_errors_leaks_no_slot(rig: Rig) -> None:
+    web, a, b = await rig.start_all(REVIEW_BOT_SIM_FAULT_EVERY=str(FAULT_EVERY))
+    await rig.send(web, rig.add_pulls(BURST))
+    drain_s = await rig.wait_drained()
+    report = await rig.check_outcome()
+    assert report.acknowledged == BURST and report.posted == BURST
+    crashed = await rig.fetch(
+        "SELECT id, attempts FROM review_chunks WHERE last_error LIKE 'RuntimeError: simulated%'"
+    )
+    # Far more faults than the two dispatchers have slots: a leaked slot per fault would stall.
+    assert len(crashed) > 2 * 6, len(crashed)
+    assert all(row["attempts"] >= 2 for row in crashed)  # the failed try counted, then one ran
+
+    async def idle() -> bool:
+        rows = await rig.fetch("SELECT name, running FROM dispatchers WHERE stopped_at IS NULL")
+        return len(rows) == 2 and all(row["running"] == 0 for row in rows)
+
+    await wait_for(idle, timeout_s=3 * HEARTBEAT_S + 5, what="both dispatchers to hold nothing")
+    for process in (web, a, b):
+        assert process.alive
+        no_unexpected_errors(process)
+    assert "failed unexpectedly" in a.log() + b.log()
+    print(
+        f"\nbackend raising RuntimeError on the first call of every {FAULT_EVERY}th chunk:"
+        f" {len(crashed)} crashed calls, {report.posted} reviews posted once each, queue drained"
+        f" {drain_s:.1f} s after the burst; no slot held afterwards"
     )
