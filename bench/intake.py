@@ -6,6 +6,8 @@ Each server runs in its own process (aiohttp AppRunner on a free loopback port);
 uses the real policy and queue store on PostgreSQL (DATABASE_URL, else a fresh scratch database
 on the local server). Every delivery must be answered 2xx and be in the database exactly once;
 the P99 latency of the real app must stay under 500 ms. Exit status 1 if either fails.
+Then an A/B of the event loop: the same real app on asyncio's own loop and on uvloop, three
+bursts each, alternating, medians. Writes bench/results/intake.md.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import multiprocessing
 import os
 import socket
+import statistics
 import sys
 import time
 import uuid
@@ -38,6 +41,7 @@ SECRET = "bench-secret"
 P99_FLOOR_MS = 500.0
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "github"
 FIXTURE_FILE = FIXTURE / "pull_request.opened.json"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,10 @@ def real_app(database_url: str) -> web.Application:
     return create_app(settings)
 
 
-def serve(kind: str, database_url: str, port: int, ready: Event, stop: Event) -> None:
-    """Child process: run one server until told to stop."""
+def serve(
+    kind: str, database_url: str, port: int, ready: Event, stop: Event, loop: str = "bot"
+) -> None:
+    """Child process: run one server until told to stop, on the bot's loop or on `loop`."""
 
     async def main() -> None:
         app = bare_app() if kind == "bare" else real_app(database_url)
@@ -148,9 +154,16 @@ def serve(kind: str, database_url: str, port: int, ready: Event, stop: Event) ->
         await asyncio.to_thread(stop.wait)
         await runner.cleanup()
 
-    from bot.runtime import run as run_loop
+    if loop == "asyncio":
+        asyncio.run(main())
+    elif loop == "uvloop":
+        import uvloop
 
-    run_loop(main())  # the loop `bot serve` runs on
+        uvloop.run(main())
+    else:
+        from bot.runtime import run as run_loop
+
+        run_loop(main())  # the loop `bot serve` runs on
 
 
 def free_port() -> int:
@@ -160,12 +173,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(kind: str, database_url: str) -> Iterator[str]:
+def server(kind: str, database_url: str, loop: str = "bot") -> Iterator[str]:
     """Run a server in a child process; yield its webhook URL."""
     context = multiprocessing.get_context("spawn")
     ready, stop = context.Event(), context.Event()
     port = free_port()
-    process = context.Process(target=serve, args=(kind, database_url, port, ready, stop))
+    process = context.Process(target=serve, args=(kind, database_url, port, ready, stop, loop))
     process.start()
     try:
         if not ready.wait(30):
@@ -299,6 +312,7 @@ async def run(requests: int, concurrency: int, as_json: bool) -> int:
                             "intake, ignored action (record only)", endpoint, ignored, concurrency
                         )
                     )
+        loops = await loop_ab(url, requests, concurrency)
     real = results[1]
     stored_ok = checks == {"deliveries_found": requests, "repeated": 0, "jobs": requests}
     floor_ok = real.percentile(0.99) < P99_FLOOR_MS
@@ -333,7 +347,45 @@ async def run(requests: int, concurrency: int, as_json: bool) -> int:
             f"{checks['repeated']} repeated, {checks['jobs']} jobs"
         )
         print(f"P99 floor {P99_FLOOR_MS:.0f} ms: {'met' if floor_ok else 'MISSED'}")
+        print("\n" + loops)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "intake.md").write_text(
+        f"{requests} signed pull_request webhooks, concurrency {concurrency}, loopback\n\n"
+        + table(results)
+        + "\n\n"
+        + loops
+        + "\n"
+    )
     return 0 if (stored_ok and floor_ok and real.all_2xx) else 1
+
+
+async def loop_ab(url: str, requests: int, concurrency: int, runs: int = 3) -> str:
+    """The real app on asyncio's loop against uvloop: median req/s and P99 of `runs` bursts."""
+    rates: dict[str, list[float]] = {"asyncio": [], "uvloop": []}
+    p99s: dict[str, list[float]] = {"asyncio": [], "uvloop": []}
+    for index in range(runs):
+        for loop in ("asyncio", "uvloop"):
+            with server("real", url, loop) as endpoint:
+                await burst(loop, endpoint, make_deliveries(32, tag=f"warm-{loop}-{index}"), 8)
+                deliveries = make_deliveries(requests, tag=f"ab-{loop}-{index}")
+                result = await burst(loop, endpoint, deliveries, concurrency)
+            assert result.all_2xx, f"{loop}: not every delivery was accepted"
+            rates[loop].append(result.rate)
+            p99s[loop].append(result.percentile(0.99))
+    median = {loop: statistics.median(values) for loop, values in rates.items()}
+    lines = [
+        f"Event loop A/B, the same real app, median of {runs} bursts each (alternating):",
+        "",
+        "| loop | req/s (median) | req/s (range) | P99 ms (median) |",
+        "|---|---:|---:|---:|",
+    ]
+    for loop in ("asyncio", "uvloop"):
+        lines.append(
+            f"| {loop} | {median[loop]:.0f} | {min(rates[loop]):.0f}-{max(rates[loop]):.0f} "
+            f"| {statistics.median(p99s[loop]):.1f} |"
+        )
+    lines += ["", f"uvloop / asyncio req/s: {median['uvloop'] / median['asyncio']:.2f}"]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

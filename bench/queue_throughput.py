@@ -1,11 +1,15 @@
 """Queue throughput: review-bot's store against pgqueuer on the same PostgreSQL, side by side.
 
-Each side enqueues 20,000 chunks, then 8 concurrent consumers (one connection each) take one
-chunk at a time, complete it and commit durably, until the queue is empty. Reported: chunks/s
-over enqueue + drain, and dequeue latency P50/P99. review-bot also keeps priority order and
-leases; the run checks that each chunk was completed exactly once.
+Each side enqueues 20,000 chunks in the same shape, one review of 10 chunks at a time from 8
+concurrent producers (one connection each), with the same notification setting (every enqueue
+notifies listeners: review-bot's NOTIFY as `bot serve` runs it, pgqueuer's trigger); then 8
+concurrent consumers (one connection each) take one chunk at a time, complete it and commit
+durably, until the queue is empty. Reported: chunks/s over enqueue + drain, and dequeue latency
+P50/P99, the median of three runs, side by side in the same process (the runs alternate).
+review-bot also keeps priority order and leases; each run checks that each chunk was completed
+exactly once. Writes bench/results/queue.md.
 
-    python bench/queue_throughput.py [--chunks 20000] [--consumers 8] [--json]
+    python bench/queue_throughput.py [--chunks 20000] [--consumers 8] [--runs 3] [--json]
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import statistics
 import sys
 import time
 import uuid
@@ -36,7 +41,8 @@ CHUNKS_PER_JOB = 10
 
 async def run_review_bot(url: str, chunks: int, consumers: int) -> dict[str, float]:
     await upgrade_database(url)
-    store = QueueStore.from_url(url, settings=QueueSettings(notify=False), pool_size=consumers)
+    # NOTIFY on enqueue, as `bot serve` runs the store (pgqueuer's trigger does the same).
+    store = QueueStore.from_url(url, settings=QueueSettings(notify=True), pool_size=consumers)
     now = datetime.now(UTC)
     started = time.perf_counter()
     jobs = chunks // CHUNKS_PER_JOB
@@ -120,14 +126,24 @@ async def run_pgqueuer(url: str, chunks: int, consumers: int) -> dict[str, float
     admin = await asyncpg.connect(url)
     await Queries.from_asyncpg_connection(admin).install()
     started = time.perf_counter()
-    batch = 1000
-    for first in range(0, chunks, batch):
-        size = min(batch, chunks - first)
-        await Queries.from_asyncpg_connection(admin).enqueue(
-            ["review"] * size,
-            [b"{}"] * size,
-            [3 - ((first + i) // CHUNKS_PER_JOB) % 4 for i in range(size)],
-        )
+    jobs = chunks // CHUNKS_PER_JOB
+
+    async def enqueue_range(first: int, last: int) -> None:
+        # The same shape as review-bot's: one review's chunks per call, a connection each.
+        conn = await asyncpg.connect(url)
+        queries = Queries.from_asyncpg_connection(conn)
+        try:
+            for number in range(first, last):
+                await queries.enqueue(
+                    ["review"] * CHUNKS_PER_JOB,
+                    [b"{}"] * CHUNKS_PER_JOB,
+                    [3 - number % 4] * CHUNKS_PER_JOB,
+                )
+        finally:
+            await conn.close()
+
+    step = max(1, jobs // consumers)
+    await asyncio.gather(*(enqueue_range(i, min(jobs, i + step)) for i in range(0, jobs, step)))
     enqueued = time.perf_counter()
     latencies: list[float] = []
     finished: list[int] = []
@@ -170,50 +186,76 @@ async def run_pgqueuer(url: str, chunks: int, consumers: int) -> dict[str, float
     }
 
 
+def _median_row(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=20_000)
     parser.add_argument("--consumers", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    runs: list[tuple[dict[str, float], dict[str, float]]] = []
     with devdb.provision_server() as server:
         conn = await asyncpg.connect(server)
         synchronous_commit = await conn.fetchval("SHOW synchronous_commit")
         fsync = await conn.fetchval("SHOW fsync")
         await conn.close()
-        async with devdb.scratch_database(server, "bench_rb") as ours_url:
-            ours = await run_review_bot(ours_url, args.chunks, args.consumers)
-        async with devdb.scratch_database(server, "bench_pgq") as theirs_url:
-            theirs = await run_pgqueuer(theirs_url, args.chunks, args.consumers)
-    ratio = ours["chunks_per_s"] / theirs["chunks_per_s"]
+        for index in range(args.runs):
+            async with devdb.scratch_database(server, "bench_rb") as ours_url:
+                ours = await run_review_bot(ours_url, args.chunks, args.consumers)
+            async with devdb.scratch_database(server, "bench_pgq") as theirs_url:
+                theirs = await run_pgqueuer(theirs_url, args.chunks, args.consumers)
+            runs.append((ours, theirs))
+            print(
+                f"run {index + 1}: review-bot {ours['chunks_per_s']:.0f} chunks/s,"
+                f" pgqueuer {theirs['chunks_per_s']:.0f}",
+                file=sys.stderr,
+            )
+    ours = _median_row([run[0] for run in runs])
+    theirs = _median_row([run[1] for run in runs])
+    ratios = sorted(run[0]["chunks_per_s"] / run[1]["chunks_per_s"] for run in runs)
+    ratio = statistics.median(ratios)
     result = {
         "chunks": args.chunks,
         "consumers": args.consumers,
+        "runs": args.runs,
         "synchronous_commit": synchronous_commit,
         "fsync": fsync,
         "review_bot": ours,
         "pgqueuer": theirs,
         "throughput_ratio": ratio,
+        "throughput_ratios": ratios,
     }
-    Path(__file__).with_name("results").mkdir(exist_ok=True)
-    Path(__file__).with_name("results").joinpath("queue_throughput.json").write_text(
-        json.dumps(result, indent=2)
-    )
+    results = Path(__file__).with_name("results")
+    results.mkdir(exist_ok=True)
+    (results / "queue_throughput.json").write_text(json.dumps(result, indent=2))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(
-        f"{args.chunks} chunks, {args.consumers} consumers,"
-        f" synchronous_commit={synchronous_commit}, fsync={fsync}\n"
-    )
-    print("| queue | chunks/s (enqueue+drain) | drain chunks/s | dequeue P50 ms | dequeue P99 ms |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    lines = [
+        f"{args.chunks} chunks, {args.consumers} producers and {args.consumers} consumers,"
+        f" synchronous_commit={synchronous_commit}, fsync={fsync}, NOTIFY on enqueue for both;"
+        f" median of {args.runs} runs",
+        "",
+        "| queue | chunks/s (enqueue+drain) | drain chunks/s | dequeue P50 ms | dequeue P99 ms |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for name, row in (("review-bot", ours), ("pgqueuer 1.6", theirs)):
-        print(
+        lines.append(
             f"| {name} | {row['chunks_per_s']:.0f} | {row['drain_chunks_per_s']:.0f} |"
             f" {row['dequeue_p50_ms']:.2f} | {row['dequeue_p99_ms']:.2f} |"
         )
-    print(f"\nthroughput ratio review-bot / pgqueuer: {ratio:.2f}")
+    lines += [
+        "",
+        f"throughput ratio review-bot / pgqueuer: {ratio:.2f} (median;"
+        f" {ratios[0]:.2f}-{ratios[-1]:.2f} over {args.runs} runs)",
+    ]
+    text = "\n".join(lines)
+    (results / "queue.md").write_text(text + "\n")
+    print(text)
     return 0
 
 
