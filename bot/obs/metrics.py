@@ -188,6 +188,12 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+        self.engine_p0_companions = Gauge(
+            "review_bot_engine_p0_companions",
+            "Calls that may run beside a P0 call on an engine (learned from its pace)",
+            ["engine"],
+            registry=r,
+        )
         self.engine_tokens_per_s = Gauge(
             "review_bot_engine_tokens_per_second",
             "Completion tokens per second an engine made over its last judged interval",
@@ -262,10 +268,13 @@ class Metrics:
         tokens_per_s: float | None = None,
         prefix_cache_hit_rate: float | None = None,
         busy_s: float = 0.0,
+        p0_companions: int | None = None,
     ) -> None:
         """Set one engine's gauges; `busy_s` is busy time since the last call (counted up)."""
         self.engine_window.labels(engine).set(window)
         self.engine_in_flight.labels(engine).set(in_flight)
+        if p0_companions is not None:
+            self.engine_p0_companions.labels(engine).set(p0_companions)
         if tokens_per_s is not None:
             self.engine_tokens_per_s.labels(engine).set(max(0.0, tokens_per_s))
         if prefix_cache_hit_rate is not None:

@@ -13,7 +13,7 @@ from bot.queue import chunks_sql
 from bot.queue.connector import to_json
 from bot.queue.history import write_history
 from bot.queue.jobs import JobRecords
-from bot.queue.records import ChunkOutcome, Leased, LevelLoad, chunk_from_row
+from bot.queue.records import ChunkOutcome, EngineRunning, Leased, LevelLoad, chunk_from_row
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,13 @@ class ChunkLeases(JobRecords):
 
     async def engine_load(self) -> dict[str, int]:
         """Chunks running on each engine, from the database (all processes)."""
+        return {name: counts.running for name, counts in (await self.engine_running()).items()}
+
+    async def engine_running(self) -> dict[str, EngineRunning]:
+        """Chunks running on each engine and the P0 ones among them (all processes)."""
         async with self.connector.single_statement() as conn:
             rows = (await conn.execute(chunks_sql.SELECT_ENGINE_LOAD)).all()
-        return {str(row.engine): int(row.running) for row in rows}
+        return {str(row.engine): EngineRunning(int(row.running), int(row.p0)) for row in rows}
 
     async def fetch_chunk(
         self,

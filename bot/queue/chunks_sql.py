@@ -54,7 +54,7 @@ SELECT_LEVEL_LOAD = _sql(
 # Chunks running on each engine, in every process (the windows are per engine, not per process).
 SELECT_ENGINE_LOAD = _sql(
     """
-    SELECT engine, count(*) AS running
+    SELECT engine, count(*) AS running, count(*) FILTER (WHERE level = 0) AS p0
     FROM review_chunks
     WHERE state = 'running' AND engine IS NOT NULL
     GROUP BY engine

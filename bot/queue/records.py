@@ -26,6 +26,14 @@ class SubmitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineRunning:
+    """Chunks running on one engine across every process, and how many of them are P0."""
+
+    running: int
+    p0: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class LevelLoad:
     """Running and ready chunks per level, across every process sharing the database."""
 

@@ -31,6 +31,7 @@ from bot.sched.mlfq import (
     expected_chunk_s,
     is_new_work,
 )
+from bot.sched.p0_room import SharingCall
 from bot.sched.ports import (
     ChunkPreempted,
     ChunkReviewer,
@@ -207,7 +208,7 @@ class DispatcherCore:
             return leased
         preempting = self.settings.policy == "mlfq" and self.settings.mlfq.preempt
         if self.engines is not None:
-            await self.engines.refresh(self.store.engine_load)
+            await self.engines.refresh(self.store.engine_running)
         if self.free_slots == 0 and not preempting:
             return leased
         load = await self._read_load(now) if self.settings.policy == "mlfq" else None
@@ -217,6 +218,7 @@ class DispatcherCore:
             if taken:
                 leased += await self._lease(load, now)
                 await self.preempt(load, now)  # reset the wait, or a recheck if P0 still waits
+            await self.make_p0_room(load, now)
         return leased
 
     async def _lease(self, load: _QueueLoad | None, now: datetime) -> list[Leased]:
@@ -265,7 +267,7 @@ class DispatcherCore:
             self.held[got.chunk.id] = got
             leased.append(got)
             if self.engines is not None and engine is not None:
-                self.engines.take(engine, got.chunk.id, now)
+                self.engines.take(engine, got.chunk.id, now, p0=got.chunk.level == Level.P0)
             if load is not None:
                 self._account(load, got)
                 await self.ranks.after_lease(got, now, self.estimator)
@@ -297,44 +299,77 @@ class DispatcherCore:
         )
         taken: list[Leased] = []
         for chunk_id in choice.victims:
-            victim = self.held.get(chunk_id)
-            if victim is None or not self._cancel_call(chunk_id):
-                continue
-            del self.held[chunk_id]
-            chunk = victim.chunk
-            used_s = (now - chunk.started_at).total_seconds() if chunk.started_at else 0.0
-            if self.engines is not None:
-                shared = self.engines.abandoned(chunk_id, now)
-                used_s = used_s if shared is None else shared
-            await self.store.release_chunk(
-                chunk_id,
-                owner=self.settings.owner,
-                now=now,
-                reason=choice.reason,
-                gpu_seconds=used_s,
-            )
-            self.preemptions += 1
-            log.info(
-                "preempted chunk %s of job %s (%s) for P0 work: %s",
-                chunk_id,
-                chunk.job_id,
-                chunk.level,
-                choice.reason,
-                extra={"action": "preempt", "job_id": chunk.job_id},
-            )
-            if self.on_preempt is not None:
-                await self.on_preempt(victim, now)
-            rank = float(victim.extra.get("rank", 0.0))
-            load.running[chunk.level] = max(0, load.running.get(chunk.level, 0) - 1)
-            load.ready[chunk.level] = load.ready.get(chunk.level, 0) + 1
-            if is_new_work(rank):
-                load.ready_new_work[chunk.level] = load.ready_new_work.get(chunk.level, 0) + 1
-            if rank <= self.settings.mlfq.short_work_s:
-                load.ready_short_work[chunk.level] = load.ready_short_work.get(chunk.level, 0) + 1
-            else:
-                load.running_long_work = max(0, load.running_long_work - 1)
-            taken.append(victim)
+            victim = await self._take_back(chunk_id, choice.reason, load, now)
+            if victim is not None:
+                taken.append(victim)
         return taken
+
+    async def make_p0_room(self, load: _QueueLoad, now: datetime) -> list[Leased]:
+        """Take back this process's lower-level calls beyond a running P0 call's companions.
+
+        Admission above a window starts a P0 chunk at once, but on an engine past its knee
+        the batch it joins sets its pace; see bot.sched.p0_room for how many may stay.
+        """
+        if self.engines is None or not any(self.engines.p0_running.values()):
+            return []
+        ours: dict[str, list[SharingCall]] = {}
+        for chunk_id, held in self.held.items():
+            engine = self.engines.engine_of(chunk_id)
+            if engine is None or held.chunk.level == Level.P0:
+                continue
+            if self._live and chunk_id not in self._calls:
+                continue  # not in its LLM call (starting or storing its result)
+            started = held.chunk.started_at or now
+            elapsed = max(0.0, (now - started).total_seconds())
+            ours.setdefault(engine, []).append(SharingCall(chunk_id, elapsed))
+        taken: list[Leased] = []
+        for chunk_id in self.engines.to_take_back(ours):
+            victim = await self._take_back(chunk_id, "room for a P0 call on its engine", load, now)
+            if victim is not None:
+                taken.append(victim)
+        return taken
+
+    async def _take_back(
+        self, chunk_id: int, reason: str, load: _QueueLoad, now: datetime
+    ) -> Leased | None:
+        """Cancel a running chunk's call and queue the chunk again, no attempt counted."""
+        victim = self.held.get(chunk_id)
+        if victim is None or not self._cancel_call(chunk_id):
+            return None
+        del self.held[chunk_id]
+        chunk = victim.chunk
+        used_s = (now - chunk.started_at).total_seconds() if chunk.started_at else 0.0
+        if self.engines is not None:
+            shared = self.engines.abandoned(chunk_id, now)
+            used_s = used_s if shared is None else shared
+        await self.store.release_chunk(
+            chunk_id,
+            owner=self.settings.owner,
+            now=now,
+            reason=reason,
+            gpu_seconds=used_s,
+        )
+        self.preemptions += 1
+        log.info(
+            "preempted chunk %s of job %s (%s) for P0 work: %s",
+            chunk_id,
+            chunk.job_id,
+            chunk.level,
+            reason,
+            extra={"action": "preempt", "job_id": chunk.job_id},
+        )
+        if self.on_preempt is not None:
+            await self.on_preempt(victim, now)
+        rank = float(victim.extra.get("rank", 0.0))
+        load.running[chunk.level] = max(0, load.running.get(chunk.level, 0) - 1)
+        load.ready[chunk.level] = load.ready.get(chunk.level, 0) + 1
+        if is_new_work(rank):
+            load.ready_new_work[chunk.level] = load.ready_new_work.get(chunk.level, 0) + 1
+        if rank <= self.settings.mlfq.short_work_s:
+            load.ready_short_work[chunk.level] = load.ready_short_work.get(chunk.level, 0) + 1
+        else:
+            load.running_long_work = max(0, load.running_long_work - 1)
+        return victim
 
     def _running_calls(self, now: datetime) -> list[RunningCall]:
         calls: list[RunningCall] = []

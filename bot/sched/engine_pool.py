@@ -15,7 +15,9 @@ from datetime import datetime
 from bot.config import WindowSettings
 from bot.llm.vllm_metrics import EngineMetrics, engine_load, prefix_cache_hit_rate
 from bot.obs.metrics import Metrics
+from bot.queue.records import EngineRunning
 from bot.sched.engines import CallMark, Engine, choose_engine, free_places, total_places
+from bot.sched.p0_room import SharingCall, calls_to_take_back
 from bot.sched.window import WindowDecision
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,9 @@ class EnginePool:
         self.probe = probe
         self.metrics = metrics
         self.running: dict[str, int] = {}
+        self.p0_running: dict[str, int] = {}
         self.marks: dict[int, CallMark] = {}
+        self._p0_chunks: set[int] = set()
         self._scraped: dict[str, EngineMetrics] = {}
         self._busy_shown: dict[str, float] = {}
 
@@ -76,14 +80,21 @@ class EnginePool:
     def free(self) -> int:
         """Free places in all windows (P0's places above them not counted)."""
         return sum(
-            free_places(engine, running=self.running.get(engine.name)) for engine in self.engines
+            free_places(
+                engine,
+                running=self.running.get(engine.name),
+                p0_running=self.p0_running.get(engine.name, 0),
+            )
+            for engine in self.engines
         )
 
     async def refresh(
-        self, engine_load_in_database: Callable[[], Awaitable[dict[str, int]]]
+        self, engine_load_in_database: Callable[[], Awaitable[dict[str, EngineRunning]]]
     ) -> None:
         """Read what runs on each engine in every process."""
-        self.running = await engine_load_in_database()
+        counts = await engine_load_in_database()
+        self.running = {name: count.running for name, count in counts.items()}
+        self.p0_running = {name: count.p0 for name, count in counts.items()}
 
     def pick(self, *, p0: bool) -> Engine | None:
         """The engine for the next chunk; with `p0`, places above the windows count too."""
@@ -91,13 +102,37 @@ class EnginePool:
         if self.engines:
             self.engines.append(self.engines.pop(0))
         return choose_engine(
-            self.engines, running=self.running, p0_places=self.p0_places if p0 else 0
+            self.engines,
+            running=self.running,
+            p0_places=self.p0_places if p0 else 0,
+            p0_running=self.p0_running,
         )
 
-    def take(self, engine: Engine, chunk_id: int, now: datetime) -> None:
-        """A chunk was leased to run on `engine`."""
+    def take(self, engine: Engine, chunk_id: int, now: datetime, *, p0: bool = False) -> None:
+        """A chunk was leased to run on `engine` (`p0`: at level P0)."""
         self.marks[chunk_id] = engine.start(now.timestamp())
         self.running[engine.name] = self.running.get(engine.name, 0) + 1
+        if p0:
+            self._p0_chunks.add(chunk_id)
+            self.p0_running[engine.name] = self.p0_running.get(engine.name, 0) + 1
+
+    def to_take_back(self, ours: dict[str, list[SharingCall]]) -> list[int]:
+        """This process's lower-level calls that give way to P0 calls on their engines.
+
+        `ours` lists, per engine name, this process's running lower-level calls there.
+        """
+        victims: list[int] = []
+        for engine in self.engines:
+            p0_count = self.p0_running.get(engine.name, 0)
+            if p0_count <= 0:
+                continue
+            victims += calls_to_take_back(
+                running=max(self.running.get(engine.name, 0), engine.in_flight),
+                p0_running=p0_count,
+                companions=engine.p0_companions,
+                ours=ours.get(engine.name, []),
+            )
+        return victims
 
     def engine_of(self, chunk_id: int) -> str | None:
         mark = self.marks.get(chunk_id)
@@ -111,6 +146,9 @@ class EnginePool:
         if engine is None:
             return None
         self.running[engine.name] = max(0, self.running.get(engine.name, 0) - 1)
+        if chunk_id in self._p0_chunks:
+            self._p0_chunks.discard(chunk_id)
+            self.p0_running[engine.name] = max(0, self.p0_running.get(engine.name, 0) - 1)
         return engine, mark
 
     async def finished(
@@ -202,6 +240,7 @@ class EnginePool:
             tokens_per_s=tokens_per_s,
             prefix_cache_hit_rate=engine.prefix_cache_hit_rate,
             busy_s=engine.busy_s - shown,
+            p0_companions=engine.p0_companions,
         )
 
 

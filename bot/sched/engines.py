@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from bot.config import WindowSettings
 from bot.llm.vllm_metrics import EngineLoad
+from bot.sched.p0_room import PacePoint, add_point, p0_companions
 from bot.sched.window import (
     WindowDecision,
     WindowObservation,
@@ -65,6 +66,8 @@ class Engine:
     completion_tokens: int = 0
     prefix_cache_hit_rate: float | None = None
     history: list[tuple[float, int]] = field(default_factory=list)  # (time, window) changes
+    # Pace per answer token by concurrency, from answered calls (see bot.sched.p0_room).
+    pace: dict[int, PacePoint] = field(default_factory=dict)
 
     @classmethod
     def create(cls, name: str, settings: WindowSettings, *, now_s: float = 0.0) -> Engine:
@@ -115,8 +118,25 @@ class Engine:
         self.completion_tokens += completion_tokens
         self.interval_completed += 1
         self.interval_tokens += completion_tokens
-        self.interval_latency_s += now_s - mark.started_s
+        latency = now_s - mark.started_s
+        self.interval_latency_s += latency
+        if share > 0 and completion_tokens > 0:
+            # Mean concurrency over the call's life: its latency over its share.
+            self.pace = add_point(
+                self.pace,
+                concurrency=latency / share,
+                latency_per_token_s=latency / completion_tokens,
+            )
         return share
+
+    @property
+    def p0_companions(self) -> int:
+        """Calls that may run beside a P0 call here: configured, else learned."""
+        if self.settings.p0_companions is not None:
+            return self.settings.p0_companions
+        return p0_companions(
+            self.pace, max_slowdown=self.settings.p0_slowdown, ceiling=self.settings.ceiling
+        )
 
     def fail(self, mark: CallMark, now_s: float, *, overloaded: bool) -> float:
         """A call ended without an answer; `overloaded` for 429/503/timeouts."""
@@ -177,14 +197,21 @@ class Engine:
         return min(1.0, self.busy_s / span) if span > 0 else 0.0
 
 
-def free_places(engine: Engine, *, running: int | None = None, p0_places: int = 0) -> int:
+def free_places(
+    engine: Engine, *, running: int | None = None, p0_places: int = 0, p0_running: int = 0
+) -> int:
     """Places left in the engine's window, counting `running` (all processes) when known.
 
     `p0_places` are the places above the window a P0 chunk may take: the window's ceiling
     stays under the server's --max-num-seqs by that much, so the engine admits it at once.
+    While `p0_running` P0 calls run here, only their companions' places count (see
+    bot.sched.p0_room); more P0 chunks are still admitted.
     """
     busy = engine.in_flight if running is None else max(running, engine.in_flight)
-    return max(0, engine.window + p0_places - busy)
+    places = engine.window + p0_places - busy
+    if p0_running > 0 and p0_places == 0:
+        places = min(places, p0_running + engine.p0_companions - busy)
+    return max(0, places)
 
 
 def choose_engine(
@@ -192,6 +219,7 @@ def choose_engine(
     *,
     running: Mapping[str, int] | None = None,
     p0_places: int = 0,
+    p0_running: Mapping[str, int] | None = None,
 ) -> Engine | None:
     """The engine with the most free places, relative to its window; None when all are full.
 
@@ -203,7 +231,8 @@ def choose_engine(
     best_key = (0.0, 0)
     for engine in engines:
         count = None if running is None else running.get(engine.name, 0)
-        places = free_places(engine, running=count, p0_places=p0_places)
+        p0_count = 0 if p0_running is None else p0_running.get(engine.name, 0)
+        places = free_places(engine, running=count, p0_places=p0_places, p0_running=p0_count)
         if places <= 0:
             continue
         key = (places / (engine.window + p0_places), places)
