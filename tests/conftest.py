@@ -7,11 +7,18 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from bot import devdb
 from bot.clock import VirtualClock
 from bot.db import upgrade_database
 from bot.queue.store import QueueSettings, QueueStore
+
+# `make test` draws the same examples on every run, so a result says something about the code,
+# not about the draw; HYPOTHESIS_PROFILE=explore draws new ones (and finds new failures).
+settings.register_profile("repeatable", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 SHARED_DIR = Path(__file__).resolve().parents[1].parent / "shared"
 
