@@ -404,6 +404,22 @@ async def measure_p0(url: str, count: int) -> dict[str, Any]:
     return result
 
 
+def drain_table(drains: Sequence[dict[str, Any]], *, first_column: str) -> list[str]:
+    """The drains' rows under their header, as both reports print them."""
+    lines = [
+        f"| {first_column} | chunks | completion tokens/s | P0 turnaround s | taken back "
+        "| windows |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for drain in drains:
+        sizes = " ".join(str(size) for _, size in drain["windows"][:12])
+        lines.append(
+            f"| {drain['mode']} | {drain['chunks']} | {drain['tokens_per_s']} "
+            f"| {drain['p0_turnaround_s']} | {drain['taken_back']} | {sizes} |"
+        )
+    return lines
+
+
 def render_p0(result: dict[str, Any]) -> str:
     lines = [
         "### A P0 on the loaded CPU vLLM (`bench/engine_throughput.py --p0-only`)",
@@ -412,15 +428,8 @@ def render_p0(result: dict[str, Any]) -> str:
         f"with the adaptive window, one P0 sent when half are posted, then the P0 alone; "
         f"{result['answer_tokens']} answer tokens a chunk at most.",
         "",
-        "| drain | chunks | completion tokens/s | P0 turnaround s | taken back | windows |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        *drain_table(result["drains"], first_column="drain"),
     ]
-    for drain in result["drains"]:
-        sizes = " ".join(str(size) for _, size in drain["windows"][:12])
-        lines.append(
-            f"| {drain['mode']} | {drain['chunks']} | {drain['tokens_per_s']} "
-            f"| {drain['p0_turnaround_s']} | {drain['taken_back']} | {sizes} |"
-        )
     lines += [
         "",
         f"P0 loaded {result['p0_loaded_turnaround_s']} s against "
@@ -505,15 +514,8 @@ def render(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| whole bot | chunks | completion tokens/s | P0 turnaround s | taken back | windows |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        *drain_table(result["drains"], first_column="whole bot"),
     ]
-    for drain in result["drains"]:
-        sizes = " ".join(str(size) for _, size in drain["windows"][:12])
-        lines.append(
-            f"| {drain['mode']} | {drain['chunks']} | {drain['tokens_per_s']} "
-            f"| {drain['p0_turnaround_s']} | {drain['taken_back']} | {sizes} |"
-        )
     lines += [
         "",
         f"raw best {result['raw_best_tokens_per_s']} tokens/s (concurrency "

@@ -313,15 +313,10 @@ class DispatcherCore:
         if self.engines is None or not any(self.engines.p0_running.values()):
             return []
         ours: dict[str, list[SharingCall]] = {}
-        for chunk_id, held in self.held.items():
+        for chunk_id, held, elapsed in self._in_calls(now):
             engine = self.engines.engine_of(chunk_id)
-            if engine is None or held.chunk.level == Level.P0:
-                continue
-            if self._live and chunk_id not in self._calls:
-                continue  # not in its LLM call (starting or storing its result)
-            started = held.chunk.started_at or now
-            elapsed = max(0.0, (now - started).total_seconds())
-            ours.setdefault(engine, []).append(SharingCall(chunk_id, elapsed))
+            if engine is not None and held.chunk.level != Level.P0:
+                ours.setdefault(engine, []).append(SharingCall(chunk_id, elapsed))
         taken: list[Leased] = []
         for chunk_id in self.engines.to_take_back(ours):
             victim = await self._take_back(chunk_id, "room for a P0 call on its engine", load, now)
@@ -371,19 +366,26 @@ class DispatcherCore:
             load.running_long_work = max(0, load.running_long_work - 1)
         return victim
 
-    def _running_calls(self, now: datetime) -> list[RunningCall]:
-        calls: list[RunningCall] = []
+    def _in_calls(self, now: datetime) -> list[tuple[int, Leased, float]]:
+        """This process's chunks in their LLM call, with the seconds since each started."""
+        calls: list[tuple[int, Leased, float]] = []
         for chunk_id, held in self.held.items():
             if self._live and chunk_id not in self._calls:
                 continue  # not in its LLM call (starting or storing its result)
+            started = held.chunk.started_at or now
+            calls.append((chunk_id, held, max(0.0, (now - started).total_seconds())))
+        return calls
+
+    def _running_calls(self, now: datetime) -> list[RunningCall]:
+        calls: list[RunningCall] = []
+        for chunk_id, held, elapsed in self._in_calls(now):
             chunk = held.chunk
             facts = self.ranks.known(chunk.job_id)
-            started = chunk.started_at or now
             calls.append(
                 RunningCall(
                     chunk_id=chunk_id,
                     level=chunk.level,
-                    elapsed_s=max(0.0, (now - started).total_seconds()),
+                    elapsed_s=elapsed,
                     expected_s=expected_chunk_s(
                         chunk_lines=chunk.lines,
                         job_lines=facts.total_lines if facts is not None else chunk.lines,
