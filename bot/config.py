@@ -184,6 +184,8 @@ class Settings:
     status_enabled: bool = True
     status_neutral_at: str = "major"
     status_interval_s: float = 5.0
+    # News-only status writes (a moved ETA, place or progress) per forge per hour; 0: none.
+    status_updates_per_hour: int = 120
 
     def with_changes(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -217,6 +219,13 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError as exc:
         raise ConfigError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _non_negative_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = _int(environ, name, default)
+    if value < 0:
+        raise ConfigError(f"{name} must be 0 or more, got {value}")
+    return value
 
 
 def _positive_int(environ: Mapping[str, str], name: str, default: int) -> int:

@@ -29,6 +29,7 @@ from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
 from bot.review.quiet_post import quiet_posting
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
+from bot.status.decide import PublishRules
 from bot.status.eta import Capacity
 from bot.status.publisher import StatusPublisher, StatusSettings
 
@@ -48,7 +49,9 @@ def status_publisher(
         capacity=Capacity(slots=dispatcher.total_slots, mlfq=dispatcher.settings.mlfq),
         estimator=lambda: dispatcher.estimator,
         settings=StatusSettings(
-            neutral_at=settings.status_neutral_at, interval_s=settings.status_interval_s
+            neutral_at=settings.status_neutral_at,
+            interval_s=settings.status_interval_s,
+            rules=PublishRules(updates_per_hour=settings.status_updates_per_hour),
         ),
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -22,6 +22,7 @@ from bot.forges.statuses import StatusUpdate
 from bot.model import LEVELS, JobState
 from bot.queue.store import QueueStore
 from bot.sched.mlfq import MlfqSettings, ServiceEstimator
+from bot.status.decide import PublishRules
 from bot.status.eta import Capacity
 from bot.status.publisher import StatusPublisher, StatusSettings
 from tests.factories import decide, plans
@@ -346,3 +347,46 @@ async def test_a_burst_of_a_thousand_reviews_writes_a_status_each_plus_state_cha
                 assert gap.total_seconds() >= 60 or after["description"].startswith("P1 · 0 of")
     stamps = sorted(datetime.fromisoformat(s["created_at"].replace("Z", "+00:00")) for s in writes)
     assert all((b - a).total_seconds() >= 1 for a, b in itertools.pairwise(stamps))
+
+
+async def test_a_slow_morning_keeps_eta_news_within_the_hourly_budget(
+    store: QueueStore, emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    """300 reviews queued while the engines run 40 times slower than the ETA's estimate, so
+    every ETA keeps slipping: each review still gets its first status at once, and the news
+    (moved ETAs) never passes the hourly budget; the rest waits for the next hour."""
+    burst, budget = 300, 50
+    pulls = [
+        emulator.state.add_pull("github", REPO, number, files=FILES)
+        for number in range(1, burst + 1)
+    ]
+    for pull in pulls:
+        await queue_job(store, clock, pull, 40)
+    client = GitHubClient(session, base_url=emulator.github_url, token=GITHUB_TOKEN,
+                          clock=clock.now, sleep=clock.sleep, post_interval_s=1.0)  # fmt: skip
+    statuses = StatusPublisher(
+        store.engine,
+        {"github": client},
+        clock=clock,
+        capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),
+        estimator=ServiceEstimator.with_prior,
+        settings=StatusSettings(neutral_at="major", rules=PublishRules(updates_per_hour=budget)),
+    )
+    news: list[datetime] = []
+    deferred = 0
+    for minute in range(150):  # two and a half hours, a pass a minute; nothing finishes
+        now = clock.now()
+        result = await statuses.publish_once(now)
+        assert result.reasons["first"] == (burst if minute == 0 else 0)
+        news += [now] * sum(n for reason, n in result.reasons.items() if reason != "first")
+        deferred += result.deferred
+        clock.advance(60)
+
+    for at in news:  # no rolling hour holds more than the budget
+        assert sum(1 for other in news if at <= other < at + timedelta(hours=1)) <= budget
+    # The budget is spent, not hoarded, and more was due than it allows.
+    assert len(news) >= 2 * budget
+    assert deferred > 0
+    writes = [s for s in emulator.state.commit_statuses if s["_forge"] == "github"]
+    assert len(writes) == burst + len(news)
+    print(f"{burst} queued, nothing finished: {len(news)} ETA updates, {deferred} held back")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import itertools
+from datetime import datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.clock import EPOCH
+from bot.config import load_settings
+from bot.errors import ConfigError
 from bot.model import JobState, Level
 from bot.sched.mlfq import CONTINUATION_RANK_OFFSET, MlfqSettings
 from bot.status.decide import (
@@ -19,6 +22,7 @@ from bot.status.decide import (
     parse_severity,
     publish_reason,
     state_of,
+    updates_left,
 )
 from bot.status.eta import Capacity, JobLoad, QueuedCall, estimate_queue
 from bot.status.render import StatusFacts, about, ordinal, render_status
@@ -224,6 +228,40 @@ def test_moves_over_a_quarter_are_written_after_a_minute(
     assert publish_reason(previous, NOW, current, now=NOW + timedelta(seconds=60)) == reason
 
 
+def slipping_eta_writes(waiting_since: datetime | None, *, hours: float = 4.0) -> list[float]:
+    """Seconds after enqueue at which an ETA that stays ten minutes ahead is rewritten, with
+    a pass every 20 s (the engines run far slower than the estimate and nothing moves)."""
+    previous, published_at = queued(12, 600), NOW
+    written = []
+    for step in range(1, int(hours * 180) + 1):
+        at = NOW + timedelta(seconds=20 * step)
+        current = StatusReport("queued", Level.P1, place=12, finish_at=at + timedelta(minutes=10))
+        if publish_reason(previous, published_at, current, now=at, waiting_since=waiting_since):
+            written.append((at - NOW).total_seconds())
+            previous, published_at = current, at
+    return written
+
+
+def test_an_eta_that_keeps_slipping_is_rewritten_ever_more_rarely() -> None:
+    written = slipping_eta_writes(waiting_since=NOW)
+    # Each rewrite needs a move of a quarter of the whole wait promised so far: the gaps grow
+    # by about a quarter each time (160 s, 200 s, ... 50 min), 14 rewrites in four hours.
+    gaps = [b - a for a, b in itertools.pairwise([0.0, *written])]
+    assert all(later >= earlier for earlier, later in itertools.pairwise(gaps))
+    assert gaps[-1] > 10 * gaps[0]
+    assert 10 <= len(written) <= 16
+    # Weighed against what was left of the wait it was rewritten every 160 s, 90 times.
+    assert len(slipping_eta_writes(waiting_since=None)) >= 80
+
+
+def test_news_writes_are_rationed_per_hour() -> None:
+    recent = [NOW - timedelta(minutes=m) for m in (1, 10, 59, 61, 120)]
+    assert updates_left(recent, now=NOW, per_hour=5) == 2
+    assert updates_left(recent, now=NOW, per_hour=3) == 0
+    assert updates_left(recent, now=NOW, per_hour=0) == 0
+    assert updates_left([], now=NOW, per_hour=120) == 120
+
+
 def test_eta_moves_below_the_floor_are_ignored() -> None:
     previous = queued(1, 20)
     assert publish_reason(previous, NOW, queued(1, 34), now=NOW + timedelta(minutes=2)) is None
@@ -360,3 +398,10 @@ def test_skipped_cancelled_and_failed_say_so() -> None:
     failed = StatusReport("completed", Level.P1, conclusion="neutral")
     text = render_status(failed, StatusFacts(error="planning failed: 502"), now=NOW)
     assert text.title == "Review failed: planning failed: 502"
+
+
+def test_the_hourly_budget_comes_from_the_environment() -> None:
+    assert load_settings({}).status_updates_per_hour == 120
+    assert load_settings({"REVIEW_BOT_STATUS_UPDATES_PER_HOUR": "0"}).status_updates_per_hour == 0
+    with pytest.raises(ConfigError, match="REVIEW_BOT_STATUS_UPDATES_PER_HOUR must be 0 or more"):
+        load_settings({"REVIEW_BOT_STATUS_UPDATES_PER_HOUR": "-1"})

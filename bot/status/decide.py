@@ -1,16 +1,17 @@
 """Whether a job's status on the forge is worth writing again, and how a finished job ends.
 
 Pure. A status is written when the job first appears, whenever its state changes, and
-otherwise only when its level changed, its ETA or progress moved by more than a quarter, or
-its place grew by more than a quarter, and at most once a minute: a busy queue never turns
-into a storm of writes, and an ETA that holds needs no update at all.
+otherwise only when its level changed, its ETA moved by more than a quarter of the whole wait
+it promised, its progress by more than a quarter, or its place grew by more than a quarter,
+and at most once a minute: a busy queue never turns into a storm of writes, and an ETA that
+holds needs no update at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from bot.model import SEVERITIES, JobState, Level
@@ -40,6 +41,20 @@ class PublishRules:
     min_interval_s: float = 60.0
     tolerance: float = 0.25  # a quarter
     eta_floor_s: float = 15.0  # ETA moves smaller than this never count
+    # Writes that only bring news (a moved ETA, place, progress or level; not a first status
+    # nor a state change) per forge in any hour. GitHub allows 500 content-creating requests
+    # an hour; a morning whose engines run slower than estimated would otherwise spend them
+    # on ETAs while reviews wait to be posted.
+    updates_per_hour: int = 120
+
+
+NEWS_FREE = frozenset({"first", "state"})  # reasons that are never rationed
+
+
+def updates_left(recent: Sequence[datetime], *, now: datetime, per_hour: int) -> int:
+    """How many news-only writes the last hour's (`recent`) leave for now."""
+    hour_ago = now - timedelta(hours=1)
+    return max(0, per_hour - sum(1 for at in recent if at > hour_ago))
 
 
 def publish_reason(
@@ -49,8 +64,13 @@ def publish_reason(
     *,
     now: datetime,
     rules: PublishRules = PublishRules(),
+    waiting_since: datetime | None = None,
 ) -> str | None:
-    """Why `current` should be written now (for logs), or None to leave the forge as it is."""
+    """Why `current` should be written now (for logs), or None to leave the forge as it is.
+
+    `waiting_since` is when the job was queued: an ETA move is weighed against the whole wait
+    the last status promised, from then to its finish, not against what was left of it.
+    """
     if previous is None or published_at is None:
         return "first"
     if previous.state == "completed":
@@ -70,7 +90,12 @@ def publish_reason(
     ):
         return "place"
     if current.finish_at is not None and previous.finish_at is not None:
-        promised_s = max(0.0, (previous.finish_at - published_at).total_seconds())
+        # An ETA that slips because the engines run slower than estimated stays about as far
+        # ahead after every write; against what was left of the wait it would be rewritten
+        # every minute all morning. Against the whole wait, each rewrite needs a larger move
+        # than the last, so a slipping ETA is rewritten a few times, not hundreds.
+        since = published_at if waiting_since is None else min(waiting_since, published_at)
+        promised_s = max(0.0, (previous.finish_at - since).total_seconds())
         moved_s = abs((current.finish_at - previous.finish_at).total_seconds())
         if moved_s > max(rules.tolerance * promised_s, rules.eta_floor_s):
             return "eta"
@@ -127,6 +152,7 @@ def state_of(job_state: JobState, *, started: bool) -> StatusState:
 
 __all__ = [
     "DEFAULT_NEUTRAL_AT",
+    "NEWS_FREE",
     "Conclusion",
     "PublishRules",
     "StatusReport",
@@ -136,4 +162,5 @@ __all__ = [
     "parse_severity",
     "publish_reason",
     "state_of",
+    "updates_left",
 ]

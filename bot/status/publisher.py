@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -28,11 +28,13 @@ from bot.sched.mlfq import ServiceEstimator
 from bot.status import publisher_sql as sql
 from bot.status.decide import (
     DEFAULT_NEUTRAL_AT,
+    NEWS_FREE,
     PublishRules,
     StatusReport,
     conclude,
     publish_reason,
     state_of,
+    updates_left,
 )
 from bot.status.eta import Capacity, Estimate, estimate_queue
 from bot.status.load import LiveCalls, job_load
@@ -68,6 +70,7 @@ class PassResult:
     live: int = 0
     written: int = 0
     failed: int = 0
+    deferred: int = 0  # news held back by the hourly budget (see PublishRules.updates_per_hour)
     reasons: Counter[str] = field(default_factory=Counter)
 
 
@@ -152,6 +155,9 @@ class StatusPublisher:
         self.settings = settings or StatusSettings()
         self.muted: dict[tuple[str, str], datetime] = {}
         self.writes = 0
+        # When each forge's news-only writes of the last hour went out (in memory: a restart
+        # grants a fresh hour, which is at most one hour's budget twice).
+        self.news_written: dict[str, deque[datetime]] = {}
 
     async def live_rows(self) -> list[Any]:
         """Every live job with its calls and its last written status."""
@@ -181,8 +187,17 @@ class StatusPublisher:
                 return result
             due = await self._due(now, result)
             for item in sorted(due, key=_priority):
+                if item.reason not in NEWS_FREE and not self._news_allowed(item.row.forge, now):
+                    result.deferred += 1
+                    continue
                 await self._write(item, now, result)
         return result
+
+    def _news_allowed(self, forge: str, now: datetime) -> bool:
+        recent = self.news_written.setdefault(forge, deque())
+        while recent and recent[0] <= now - timedelta(hours=1):
+            recent.popleft()
+        return updates_left(recent, now=now, per_hour=self.settings.rules.updates_per_hour) > 0
 
     async def _due(self, now: datetime, result: PassResult) -> list[_Due]:
         rows = [row for row in await self.live_rows() if row.forge in self.forges]
@@ -233,7 +248,14 @@ class StatusPublisher:
         self, due: list[_Due], row: Any, report: StatusReport, facts: StatusFacts, now: datetime
     ) -> None:
         previous, published_at = previous_report(row)
-        reason = publish_reason(previous, published_at, report, now=now, rules=self.settings.rules)
+        reason = publish_reason(
+            previous,
+            published_at,
+            report,
+            now=now,
+            rules=self.settings.rules,
+            waiting_since=row.enqueued_at,
+        )
         if reason is None:
             return
         if row.forge == "gitlab" and reason not in ("first", "state"):
@@ -286,6 +308,8 @@ class StatusPublisher:
         self.writes += 1
         result.written += 1
         result.reasons[item.reason] += 1
+        if item.reason not in NEWS_FREE:
+            self.news_written.setdefault(row.forge, deque()).append(now)
         await self._record(row, report, written, now)
         log.info(
             "status of job %s: %s (%s)",

@@ -18,7 +18,8 @@ SELECT_LIVE_JOBS = text(
     f"""
     SELECT j.id, j.forge, j.repo, j.number, j.head_sha, j.installation_id, j.project_id,
            j.level, j.state, j.planned, j.first_started_at IS NOT NULL AS started,
-           j.total_lines, j.additions, j.deletions, j.chunks_total, j.chunks_done, j.reasons,
+           j.enqueued_at, j.total_lines, j.additions, j.deletions, j.chunks_total,
+           j.chunks_done, j.reasons,
            j.request->>'web_url' AS web_url,
            c.queued_ranks, c.queued_lines, c.running_lines, c.running_started,
            c.done_lines, c.done_calls, c.done_gpu_s,
@@ -49,7 +50,7 @@ SELECT_ENDED_OPEN = text(
     f"""
     SELECT j.id, j.forge, j.repo, j.number, j.head_sha, j.installation_id, j.project_id,
            j.level, j.state, j.reasons, j.review, j.last_error, j.chunks_total, j.chunks_done,
-           j.request->>'web_url' AS web_url,
+           j.enqueued_at, j.request->>'web_url' AS web_url,
            {_REPORT_COLUMNS}
     FROM status_reports s JOIN review_jobs j ON j.id = s.job_id
     WHERE s.state <> 'completed'
