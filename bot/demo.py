@@ -18,6 +18,7 @@ import subprocess
 import time
 import zlib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,11 +28,12 @@ from aiohttp import web
 from bot import devdb
 from bot.app import create_app
 from bot.clock import EPOCH
-from bot.config import REPO_ROOT, Settings
+from bot.config import REPO_ROOT, SchedulerSettings, Settings
 from bot.db import upgrade_database
 from bot.emulator import (
     EmulatorState,
     ForgeEmulator,
+    Record,
     build_github_pull_request_event,
     build_gitlab_merge_request_event,
     generate_file_changes,
@@ -39,17 +41,18 @@ from bot.emulator import (
     gitlab_merge_request_hook,
     send_webhook,
 )
+from bot.engine_setup import served_line_budget
 from bot.errors import ConfigError
-from bot.forges.base import RetryPolicy, find_marker
+from bot.forges.base import SUMMARY_MARKER, RetryPolicy
 from bot.forges.registry import ForgeOptions, build_forges
 from bot.llm.base import LLMBackend
 from bot.llm.simulated import SimulatedBackend
-from bot.model import FileChange, JobState
+from bot.model import FileChange, Job, JobState
 from bot.obs.reports import ReportOptions, build_report, format_table
-from bot.pipeline import build_pipeline
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
 from bot.sched.dispatcher import DispatcherSettings
+from bot.serve import open_store, start_dispatcher
 from bot.sim.trace import Trace, TraceRequest, generate_trace, head_sha_for, load_trace
 
 log = logging.getLogger(__name__)
@@ -240,6 +243,23 @@ def vllm_backend() -> tuple[LLMBackend, str]:
     return backend, url
 
 
+def demo_settings(url: str, *, speed: float) -> Settings:
+    """Embedded defaults with the emulator's secrets, timed for a replay at `speed`."""
+    return Settings(
+        database_url=url,
+        github_webhook_secret=SECRET,
+        gitlab_webhook_token=SECRET,
+        github_token=TOKEN,
+        gitlab_token=TOKEN,
+        scheduler=replace(
+            SchedulerSettings(), workers=8, lease_s=900.0, heartbeat_s=2.0, poll_s=0.5
+        ),
+        # The publisher looks at the queue every quarter second of wall time (at 60x, every
+        # 15 s of trace time); its rules count in trace time.
+        status_interval_s=0.25,
+    )
+
+
 async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> int:
     """Everything after the database exists: serve, replay, drain, report."""
     await upgrade_database(url)
@@ -263,18 +283,16 @@ async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> in
         else "webhooks: built by the forge emulator from its PRs (../shared/fixtures is absent)"
     )
     emulator_state = EmulatorState()
-    settings = Settings(
-        database_url=url,
-        github_webhook_secret=SECRET,
-        gitlab_webhook_token=SECRET,
-        github_token=TOKEN,
-        gitlab_token=TOKEN,
-    )
-    store = QueueStore.from_url(url, pool_size=20)
+    settings = demo_settings(url, speed=speed)
+    store = open_store(settings, pool_size=20)
     policies = load_policy_book(settings.policy_dir)
     backend: LLMBackend
     if llm == "vllm-cpu":
         backend, llm_url = vllm_backend()
+        # One engine with an adaptive window, chunks cut to the served model's context.
+        settings = settings.with_changes(
+            llm_backend="openai", llm_base_urls=(llm_url,), llm_model="smollm2"
+        )
         say(f"LLM: real vLLM on the CPU at {llm_url} (SmolLM2-135M: a tiny model, poor reviews)")
     else:
         backend = SimulatedBackend(sleep=asyncio.sleep, time_scale=1.0 / speed)
@@ -299,21 +317,22 @@ async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> in
         port = runner.addresses[0][1]
         bot_url = f"http://127.0.0.1:{port}"
         say(f"bot: webhooks at {bot_url}/webhooks/{{github,gitlab}}; forges at {emulator.base_url}")
-        pipeline = build_pipeline(
+        stop = asyncio.Event()
+        # The dispatcher role exactly as `bot serve` runs it: quiet reviews, the status on
+        # each commit, recovery and heartbeat; maintenance (aging, lease reclaim) at trace pace.
+        dispatcher, tasks = start_dispatcher(
+            settings,
             store,
             forges=forges,
             policies=policies,
             backend=backend,
             clock=clock,
-            dispatcher=DispatcherSettings(
-                owner="demo", slots=8, lease_s=900.0, heartbeat_s=2.0, poll_s=0.5, maintenance_s=1.0
+            stop=stop,
+            dispatching=replace(
+                DispatcherSettings.from_scheduler(settings.scheduler, owner="demo"),
+                maintenance_s=1.0,
             ),
-        )
-        dispatcher = pipeline.dispatcher
-        stop = asyncio.Event()
-        running = asyncio.create_task(dispatcher.run(database_url=url))
-        recovery = asyncio.create_task(
-            pipeline.reviews.run_recovery(clock, interval_s=2.0, stop=stop)
+            line_budget=await served_line_budget(settings),
         )
         try:
             answers = await replay(emulator, bot_url, trace, clock, speed=speed)
@@ -322,7 +341,7 @@ async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> in
         finally:
             dispatcher.stop()
             stop.set()
-            await asyncio.gather(running, recovery, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await runner.cleanup()
             await forges.close()
             await backend.close()
@@ -382,31 +401,96 @@ async def print_results(
     say(format_table(report))
     jobs = await store.list_jobs(limit=5000)
     say(f"job states: {dict(Counter(job.state.value for job in jobs))}")
-    reviews = emulator.state.posted(kind="review") + emulator.state.posted(kind="note")
-    discussions = emulator.state.posted(kind="discussion")
-    inline = sum(len(r.data.get("comments", ())) for r in reviews) + len(discussions)
-    say(f"posted: {len(reviews)} reviews with {inline} inline comments on the emulated forges")
-    per_job = Counter(find_marker(record.body) for record in reviews)
-    twice = sorted(job_id for job_id, count in per_job.items() if job_id and count > 1)
-    unmarked = per_job.get(None, 0)
+    say(posting_summary(emulator.state, jobs))
+    statuses = emulator.state.commit_statuses
+    last_state: dict[tuple[str, str, str], str] = {}
+    for status in statuses:
+        # GitHub's commit statuses have a state, GitLab's a status.
+        state = status.get("state") or status.get("status")
+        last_state[(status["_forge"], status["_repo"], status["sha"])] = str(state)
     say(
-        "reviews per job: exactly one each"
-        if not twice and not unmarked
-        else f"reviews per job: more than one for jobs {twice}; {unmarked} without a marker"
+        f"statuses on the commits: {len(statuses)} writes on {len(last_state)} heads, "
+        f"now {dict(Counter(last_state.values()))}"
     )
-    done = [job for job in jobs if job.state == JobState.DONE]
+    # Two PRs with findings as a reader finds them: the summary after its last edit, and
+    # the findings inline.
+    findings = findings_of(emulator.state)
     shown = 0
-    for record in reviews:
-        if shown >= 3 or not (record.data.get("comments") or record.forge == "gitlab"):
+    for record in emulator.state.records:
+        where = (record.forge, record.repo, record.number)
+        if record.kind not in SUMMARY_KINDS or SUMMARY_MARKER not in (record.body or ""):
+            continue
+        inline = [finding for finding in findings if finding[:3] == where]
+        if not inline or shown >= 2:
             continue
         shown += 1
         say("")
-        say(f"--- {record.forge} {record.repo} #{record.number} ---")
-        say((record.body or "").split("<!--")[0].strip())
-        for comment in record.data.get("comments", ())[:3]:
-            say(f"  inline {comment['path']}:{comment['line']}: {comment['body']}")
-    if not done:
+        say(f"--- {record.forge} {record.repo} #{record.number}: its summary, as last edited ---")
+        say(current_summary(emulator.state, record).replace(SUMMARY_MARKER, "").strip())
+        for _, _, _, path, line, body in inline[:3]:
+            say(f"  inline {path}:{line}: {body.split('<!--')[0].strip()}")
+    if not any(job.state == JobState.DONE for job in jobs):
         say("no review finished: see the log above")
+
+
+SUMMARY_KINDS = ("issue_comment", "note")  # where a living summary is created
+EDIT_KINDS = ("comment_edit", "note_edit")
+Finding = tuple[str, str, int | None, str, int, str]  # forge, repo, number, path, line, body
+
+
+def findings_of(state: EmulatorState) -> list[Finding]:
+    """Every inline finding posted: GitHub review comments and GitLab diff discussions."""
+    found: list[Finding] = []
+    for record in state.records:
+        if record.kind == "review":
+            for comment in record.data.get("comments", ()):
+                found.append((record.forge, record.repo, record.number, str(comment["path"]),
+                              int(comment["line"]), str(comment["body"])))  # fmt: skip
+        elif record.kind == "discussion":
+            position = record.data.get("position") or {}
+            found.append((record.forge, record.repo, record.number, str(position.get("new_path")),
+                          int(position.get("new_line") or 0), record.body or ""))  # fmt: skip
+    return found
+
+
+def current_summary(state: EmulatorState, created: Record) -> str:
+    """A summary's text after its last edit."""
+    body = created.body or ""
+    for record in state.records:
+        if (
+            record.kind in EDIT_KINDS
+            and (record.forge, record.repo, record.number)
+            == (created.forge, created.repo, created.number)
+            and SUMMARY_MARKER in (record.body or "")
+        ):
+            body = record.body or ""
+    return body
+
+
+def posting_summary(state: EmulatorState, jobs: Sequence[Job]) -> str:
+    """What the reviews left on the pull requests, and whether the bot stayed quiet."""
+    reviewed = {(job.forge, job.repo, job.number) for job in jobs if job.state == JobState.DONE}
+    summaries = Counter(
+        (record.forge, record.repo, record.number)
+        for record in state.records
+        if record.kind in SUMMARY_KINDS and SUMMARY_MARKER in (record.body or "")
+    )
+    edits = sum(
+        1 for r in state.records if r.kind in EDIT_KINDS and SUMMARY_MARKER in (r.body or "")
+    )
+    findings = findings_of(state)
+    said_twice = sum(count - 1 for count in Counter(findings).values() if count > 1)
+    quiet = set(summaries) == reviewed and all(c == 1 for c in summaries.values())
+    return (
+        f"posted: {len(findings)} inline findings; {len(summaries)} living summaries for "
+        f"{len(reviewed)} reviewed PRs, edited {edits} times\n"
+        + (
+            "each reviewed PR: one living summary"
+            if quiet
+            else f"summaries: expected one on each of {len(reviewed)} PRs, found {dict(summaries)}"
+        )
+        + ("; no finding said twice" if not said_twice else f"; {said_twice} findings said twice")
+    )
 
 
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:

@@ -12,7 +12,7 @@ from typing import Literal
 from aiohttp import web
 
 from bot.app import create_app, create_worker_app
-from bot.clock import SystemClock
+from bot.clock import Clock, SystemClock
 from bot.config import Settings, check_scheduler_settings
 from bot.db import is_database_unavailable, upgrade_database
 from bot.engine_setup import engine_pool_for, served_line_budget
@@ -23,7 +23,7 @@ from bot.llm.factory import check_backend_choice, create_backend
 from bot.obs.metrics import Metrics, start_metrics_site
 from bot.outage import OutageWatch
 from bot.pipeline import build_pipeline
-from bot.policy import load_policy_book
+from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueSettings, QueueStore
 from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
@@ -54,6 +54,75 @@ def status_publisher(
             rules=PublishRules(updates_per_hour=settings.status_updates_per_hour),
         ),
     )
+
+
+def open_store(settings: Settings, *, pool_size: int | None = None) -> QueueStore:
+    """The queue store as `bot serve` opens it."""
+    if not settings.database_url:
+        raise ConfigError("DATABASE_URL is not set")
+    return QueueStore.from_url(
+        settings.database_url,
+        pool_size=pool_size or max(10, settings.scheduler.workers + 4),
+        # Quiet reviews let a running review finish; the next covers what came after it.
+        settings=QueueSettings(supersede_running=not settings.quiet_reviews),
+    )
+
+
+def start_dispatcher(
+    settings: Settings,
+    store: QueueStore,
+    *,
+    forges: ForgeRegistry,
+    policies: PolicyBook,
+    backend: LLMBackend,
+    clock: Clock,
+    stop: asyncio.Event,
+    dispatching: DispatcherSettings,
+    line_budget: int,
+    metrics: Metrics | None = None,
+) -> tuple[Dispatcher, list[asyncio.Task[None]]]:
+    """The dispatcher role's pipeline and its loops, as `bot serve` runs them (the demo too).
+
+    Returns the dispatcher and its tasks: the dispatch loop, recovery of expired claims,
+    the heartbeat and, where forges are configured, the status publisher. They end on `stop`
+    (the dispatch loop on `dispatcher.stop()`).
+    """
+    lease_s = settings.scheduler.lease_s
+    pipeline = build_pipeline(
+        store,
+        forges=forges,
+        policies=policies,
+        backend=backend,
+        clock=clock,
+        dispatcher=dispatching,
+        planning=PlanningSettings(lease_s=lease_s, line_budget=line_budget),
+        posting=PostingSettings(lease_s=lease_s),
+        metrics=metrics,
+        quiet=quiet_posting(settings, store),
+        # One window of chunks per LLM server (plain slots for the simulated backend).
+        engines=engine_pool_for(settings, backend, now=clock.now(), metrics=metrics),
+        answer_tokens=settings.llm_max_tokens,
+    )
+    dispatcher = pipeline.dispatcher
+    heartbeat_s = settings.scheduler.heartbeat_s
+    tasks = [
+        asyncio.create_task(dispatcher.run(database_url=settings.database_url)),
+        # Taking over a dead process's reviews follows the lease: the recovery pass looks for
+        # expired claims as often as the heartbeat renews live ones.
+        asyncio.create_task(
+            pipeline.reviews.run_recovery(
+                clock, interval_s=heartbeat_s, stop=stop, outage_backoff_s=settings.outage_backoff_s
+            )
+        ),
+        asyncio.create_task(
+            pipeline.reviews.run_heartbeat(clock, interval_s=heartbeat_s, stop=stop)
+        ),
+    ]
+    if settings.status_enabled and forges:
+        tasks.append(
+            asyncio.create_task(status_publisher(settings, store, forges, dispatcher).run(stop))
+        )
+    return dispatcher, tasks
 
 
 def worker_name() -> str:
@@ -106,12 +175,7 @@ async def serve(
         settings = settings.with_changes(llm_backend=_chosen_backend(settings))
     if migrate:
         await migrate_when_reachable(url, backoff_s=settings.outage_backoff_s)
-    store = QueueStore.from_url(
-        url,
-        pool_size=max(10, settings.scheduler.workers + 4),
-        # Quiet reviews let a running review finish; the next covers what came after it.
-        settings=QueueSettings(supersede_running=not settings.quiet_reviews),
-    )
+    store = open_store(settings)
     clock = SystemClock()
     forges = build_forges(settings)
     stop = asyncio.Event()
@@ -151,57 +215,27 @@ async def serve(
             )
         if role in ("dispatcher", "all"):
             backend = create_backend(settings)
-            lease_s = settings.scheduler.lease_s
             try:
                 line_budget = await served_line_budget(settings)
             except ValueError as exc:
                 raise ConfigError(f"REVIEW_BOT_LLM_URLS: {exc}") from exc
-            pipeline = build_pipeline(
+            dispatcher, tasks = start_dispatcher(
+                settings,
                 store,
                 forges=forges,
                 policies=policies,
                 backend=backend,
                 clock=clock,
-                dispatcher=DispatcherSettings.from_scheduler(
+                stop=stop,
+                dispatching=DispatcherSettings.from_scheduler(
                     settings.scheduler,
                     owner=worker_name(),
                     outage_backoff_s=settings.outage_backoff_s,
                 ),
-                planning=PlanningSettings(lease_s=lease_s, line_budget=line_budget),
-                posting=PostingSettings(lease_s=lease_s),
+                line_budget=line_budget,
                 metrics=metrics,
-                quiet=quiet_posting(settings, store),
-                # One window of chunks per LLM server (plain slots for the simulated backend).
-                engines=engine_pool_for(settings, backend, now=clock.now(), metrics=metrics),
-                answer_tokens=settings.llm_max_tokens,
             )
-            dispatcher = pipeline.dispatcher
-            background.append(asyncio.create_task(dispatcher.run(database_url=url)))
-            background.append(
-                # Taking over a dead process's reviews follows the lease: the recovery pass
-                # looks for expired claims as often as the heartbeat renews live ones.
-                asyncio.create_task(
-                    pipeline.reviews.run_recovery(
-                        clock,
-                        interval_s=settings.scheduler.heartbeat_s,
-                        stop=stop,
-                        outage_backoff_s=settings.outage_backoff_s,
-                    )
-                )
-            )
-            background.append(
-                asyncio.create_task(
-                    pipeline.reviews.run_heartbeat(
-                        clock, interval_s=settings.scheduler.heartbeat_s, stop=stop
-                    )
-                )
-            )
-            if settings.status_enabled and forges:
-                background.append(
-                    asyncio.create_task(
-                        status_publisher(settings, store, forges, dispatcher).run(stop)
-                    )
-                )
+            background += tasks
             log.info(
                 "dispatcher %s with %d slots on the %s backend%s",
                 dispatcher.settings.owner,

@@ -15,11 +15,15 @@ from bot.review.planner import ONE_CALL_BUDGET, PlanningSettings
 from bot.sched.dispatcher import DispatcherSettings
 from bot.sim.forge import memory_forges
 
-BOT = Path(__file__).resolve().parents[1] / "bot"
+REPO = Path(__file__).resolve().parents[1]
+BOT = REPO / "bot"
 # What only the factory may build: the dispatcher and the forge side of planning and posting.
 BUILT_BY_THE_FACTORY = {"Dispatcher", "ReviewPipeline"}
-# The entry points that run a pipeline: serve, the replay behind `bot simulate`, the demo.
-ENTRY_POINTS = ("serve.py", "sim/replay.py", "demo.py")
+# The entry points that build a pipeline: serve and the replay behind `bot simulate`.
+ENTRY_POINTS = ("serve.py", "sim/replay.py")
+# What runs the dispatcher role as `bot serve` does (quiet posting, statuses, engine windows,
+# recovery, heartbeat), through the one function serve runs it with.
+SERVED_ROLE = (BOT / "serve.py", BOT / "demo.py", REPO / "bench" / "engine_throughput.py")
 
 
 def _calls(path: Path) -> list[str]:
@@ -45,8 +49,16 @@ def test_only_the_factory_builds_a_dispatcher_or_a_review_pipeline() -> None:
 
 
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
-def test_serve_simulate_and_the_demo_build_through_the_factory(entry_point: str) -> None:
+def test_serve_and_simulate_build_through_the_factory(entry_point: str) -> None:
     assert "build_pipeline" in _calls(BOT / entry_point)
+
+
+@pytest.mark.parametrize("module", SERVED_ROLE, ids=lambda path: path.name)
+def test_serve_the_demo_and_the_engine_benchmark_run_one_dispatcher_role(module: Path) -> None:
+    calls = _calls(module)
+    assert "start_dispatcher" in calls
+    if module.name != "serve.py":
+        assert "build_pipeline" not in calls
 
 
 async def test_the_factory_wires_planning_and_posting_into_the_dispatcher(

@@ -10,6 +10,7 @@ takes the time as plain seconds from the caller's clock.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -66,6 +67,7 @@ class Engine:
     completion_tokens: int = 0
     prefix_cache_hit_rate: float | None = None
     history: list[tuple[float, int]] = field(default_factory=list)  # (time, window) changes
+    decisions: Counter[WindowReason] = field(default_factory=Counter)  # judged intervals, by why
     # Pace per answer token by concurrency, from answered calls (see bot.sched.p0_room).
     pace: dict[int, PacePoint] = field(default_factory=dict)
 
@@ -186,6 +188,7 @@ class Engine:
             self.history.append((now_s, decision.window))
         self.state = decision.state
         self.last_reason = decision.reason
+        self.decisions[decision.reason] += 1
         self.interval_start_s = now_s
         self.interval_completed = self.interval_tokens = self.interval_overloads = 0
         self.interval_latency_s = self.interval_full_s = 0.0
