@@ -15,10 +15,9 @@ import dataclasses
 import os
 import signal
 import socket
-import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,30 +33,14 @@ from bot.errors import ConfigError
 from bot.forges.base import find_marker
 from bot.model import Forge
 from bot.sim.trace import TraceRequest
+from tests.serving import REPO_ROOT, free_port, start_serve, wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 LEASE_S = 4.0
 HEARTBEAT_S = 1.0
 BURST = 100
 DRAIN_TIMEOUT_S = 150.0
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def _wait_until(
-    predicate: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.05)  # real processes on the other side: poll their effects
 
 
 @dataclass
@@ -120,25 +103,10 @@ async def _serving(
     served: list[Served] = []
     try:
         for index, role in enumerate(roles):
-            port = _free_port()
+            port = free_port()
             log = logs / f"{index}-{role}.log"
             with log.open("wb") as sink:  # the child keeps its own descriptor
-                process = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "bot",
-                    "serve",
-                    "--role",
-                    role,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    env=env,
-                    cwd=REPO_ROOT,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=sink,
-                )
+                process = await start_serve(role, port=port, env=env, stderr=sink)
             served.append(Served(role, process, port, log))
         for item in served:
 
@@ -154,7 +122,7 @@ async def _serving(
                 await writer.wait_closed()
                 return True
 
-            await _wait_until(listening, timeout_s=60, what=f"bot serve --role {item.role}")
+            await wait_until(listening, timeout_s=60, what=f"bot serve --role {item.role}")
         yield served
     finally:
         for item in served:
@@ -307,7 +275,7 @@ async def test_a_dispatcher_killed_mid_burst_loses_and_repeats_nothing(
                 return bool(set(claimed) - on_forge)
             return bool(on_forge)
 
-        await _wait_until(at_the_point, timeout_s=60, what=f"the victim at '{point}'")
+        await wait_until(at_the_point, timeout_s=60, what=f"the victim at '{point}'")
         victim.kill()
         killed_at = time.monotonic()
         await victim.process.wait()
@@ -316,7 +284,7 @@ async def test_a_dispatcher_killed_mid_burst_loses_and_repeats_nothing(
             assert survivor.process.returncode is None, survivor.log.read_text()[-3000:]
             return await _drained(db_url)
 
-        await _wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
+        await wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
         drain_s = time.monotonic() - killed_at
         assert web.process.returncode is None
     outcomes = await _check_exactly_once(db_url, state, answers)
@@ -331,7 +299,7 @@ async def test_a_backend_raising_the_unexpected_loses_no_review(
     env = _environment(db_url, emulator, REVIEW_BOT_SIM_FAULT_EVERY="5")
     async with _serving(["all"], env, tmp_path) as (bot,):
         answers = await _send_all(emulator, bot.url, _burst(BURST))
-        await _wait_until(
+        await wait_until(
             lambda: _drained(db_url), timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain"
         )
         assert bot.process.returncode is None
@@ -383,7 +351,7 @@ async def test_the_database_restarting_and_stopping_hard_is_survived(
             except (OSError, asyncpg.PostgresError):
                 return False
 
-        await _wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
+        await wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
         drain_s = time.monotonic() - back_at
     outcomes = await _check_exactly_once(database_url, emulator.state, answers)
     assert outcomes.get("queued", 0) >= 50, outcomes

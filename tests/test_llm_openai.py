@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +15,7 @@ from bot.errors import LLMError
 from bot.llm.base import LLMRequest
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.review.engine import review_chunk
+from tests.serving import free_port
 
 ANSWER = json.dumps(
     {
@@ -124,12 +124,6 @@ async def servers() -> AsyncIterator[Callable[..., Awaitable[FakeServer]]]:
     yield make
     for server in started:
         await server.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class FakeClock:

@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -23,8 +20,8 @@ from bot.obs.access import came_over_https
 from bot.obs.dashboard import COOKIE_NAME
 from bot.obs.metrics import Metrics, create_metrics_app
 from bot.queue.store import QueueStore
+from tests.serving import REPO_ROOT, free_port, start_serve
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 ClientMaker = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 BASE = Settings(github_webhook_secret="s", gitlab_webhook_token="t", admin_token="admin-secret")
 BEARER = {"Authorization": "Bearer admin-secret"}
@@ -119,15 +116,9 @@ async def test_admin_cookie_is_secure_behind_a_trusted_https_proxy(
     assert cookie["httponly"] and cookie["samesite"] == "Strict"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 async def test_serve_puts_metrics_on_their_own_port(db_url: str) -> None:
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     env = {
         **os.environ,
         "DATABASE_URL": db_url,
@@ -136,21 +127,7 @@ async def test_serve_puts_metrics_on_their_own_port(db_url: str) -> None:
         "REVIEW_BOT_METRICS_PORT": str(metrics_port),
         "PYTHONPATH": str(REPO_ROOT),
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "serve",
-        "--role",
-        "web",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        env=env,
-        cwd=REPO_ROOT,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await start_serve("web", port=port, env=env)
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(300):  # a real process starting: poll its port

@@ -6,9 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
-import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -22,25 +19,11 @@ from bot.emulator import (
 )
 from bot.forges.base import SUMMARY_MARKER
 from tests.conftest import shared_dir
+from tests.serving import REPO_ROOT, free_port, start_serve, wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SECRET = "serve-test-secret"
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def _wait_until(predicate, *, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)  # a real process on the other side: poll its effects
 
 
 async def test_serve_all_reviews_a_pull_request_and_stops_cleanly(db_url: str) -> None:
@@ -56,7 +39,7 @@ async def test_serve_all_reviews_a_pull_request_and_stops_cleanly(db_url: str) -
             files=generate_file_changes(changed_lines=120, files=3, seed=7),
             base_ref="main",
         )
-        port = _free_port()
+        port = free_port()
         env = {
             **os.environ,
             "DATABASE_URL": db_url,
@@ -70,21 +53,7 @@ async def test_serve_all_reviews_a_pull_request_and_stops_cleanly(db_url: str) -
             "REVIEW_BOT_WORKERS": "2",
             "PYTHONPATH": str(REPO_ROOT),
         }
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bot",
-            "serve",
-            "--role",
-            "all",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            env=env,
-            cwd=REPO_ROOT,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        process = await start_serve("all", port=port, env=env)
         try:
 
             async def healthy() -> bool:
@@ -97,7 +66,7 @@ async def test_serve_all_reviews_a_pull_request_and_stops_cleanly(db_url: str) -
                 await writer.wait_closed()
                 return True
 
-            await _wait_until(healthy, timeout_s=60, what="bot serve to listen")
+            await wait_until(healthy, timeout_s=60, what="bot serve to listen")
             payload = build_github_pull_request_event(
                 fixture,
                 action="opened",
@@ -127,7 +96,7 @@ async def test_serve_all_reviews_a_pull_request_and_stops_cleanly(db_url: str) -
             async def reviewed() -> bool:
                 return bool(summaries())
 
-            await _wait_until(reviewed, timeout_s=60, what="the review to be posted")
+            await wait_until(reviewed, timeout_s=60, what="the review to be posted")
             assert len(summaries()) == 1
             samples: dict[str, float] = {}
 
@@ -147,7 +116,7 @@ async def test_serve_all_reviews_a_pull_request_and_stops_cleanly(db_url: str) -
                 )
                 return samples.get('review_bot_turnaround_seconds_count{level="P1"}') == 1
 
-            await _wait_until(job_recorded, timeout_s=30, what="the turnaround metric")
+            await wait_until(job_recorded, timeout_s=30, what="the turnaround metric")
             assert samples['review_bot_wait_seconds_count{level="P1"}'] == 1
             assert samples['review_bot_webhooks_total{forge="github",outcome="queued"}'] == 1
             assert (
@@ -169,17 +138,7 @@ async def test_serve_refuses_to_start_without_webhook_secrets(db_url: str) -> No
         if key not in {"GITHUB_WEBHOOK_SECRET", "GITLAB_WEBHOOK_TOKEN", "REVIEW_BOT_INSECURE_DEV"}
     }
     env.update(DATABASE_URL=db_url, PYTHONPATH=str(REPO_ROOT))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "serve",
-        "--port",
-        str(_free_port()),
-        env=env,
-        cwd=REPO_ROOT,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await start_serve("all", port=free_port(), env=env)
     _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode == 2
     assert "GITHUB_WEBHOOK_SECRET" in stderr.decode()
@@ -196,20 +155,8 @@ async def test_serve_with_a_forge_refuses_to_start_without_an_llm_choice(db_url:
         GITHUB_TOKEN="ghp-serve-test",
         GITHUB_API_URL="http://127.0.0.1:9",
     )
-    port = _free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        env=env,
-        cwd=REPO_ROOT,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    port = free_port()
+    process = await start_serve("all", port=port, env=env)
     try:
         _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
     finally:

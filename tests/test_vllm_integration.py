@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from bot.llm.base import LLMRequest
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.review.assemble import StoredChunk, assemble_review
 from bot.review.engine import ChunkReview, review_chunk
+from tests.serving import free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -71,12 +71,6 @@ def prepare_environment() -> dict[str, str]:
             )
         pytest.fail(f"scripts/vllm_cpu.sh setup failed:\n{log[-4000:]}")
     return script_values(setup.stdout)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
