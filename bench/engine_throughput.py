@@ -1,6 +1,6 @@
 """Engine throughput on the real CPU vLLM: the raw server's best against the whole bot.
 
-Usage: python bench/engine_throughput.py [--url URL] [--reviews 48] [--repeat 3]
+Usage: python bench/engine_throughput.py [--url URL] [--reviews 40] [--repeat 3]
                                          [--out bench/results]
 
 Each run, against one CPU vLLM server (scripts/vllm_cpu.sh, started here unless --url):
@@ -588,7 +588,7 @@ def main() -> int:
     global ANSWER_TOKENS, SWEEP
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running CPU vLLM server (else one is started)")
-    parser.add_argument("--reviews", type=int, default=48)
+    parser.add_argument("--reviews", type=int, default=40)
     parser.add_argument(
         "--repeat", type=int, default=3, help="runs, reported by their medians (default 3)"
     )
