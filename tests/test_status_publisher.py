@@ -84,15 +84,36 @@ def gitlab_client(emulator: ForgeEmulator, clock: VirtualClock) -> GitLabClient:
                         sleep=clock.sleep, timeout_s=5.0)  # fmt: skip
 
 
-def publisher(store: QueueStore, forges: dict[str, Any], clock: VirtualClock) -> StatusPublisher:
+def publisher(
+    store: QueueStore,
+    forges: dict[str, Any],
+    clock: VirtualClock,
+    rules: PublishRules | None = None,
+) -> StatusPublisher:
     return StatusPublisher(
         store.engine,
         forges,
         clock=clock,
         capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),
         estimator=ServiceEstimator.with_prior,
-        settings=StatusSettings(neutral_at="major"),
+        settings=StatusSettings(neutral_at="major", rules=rules or PublishRules()),
     )
+
+
+async def queue_burst(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+    burst: int,
+) -> GitHubClient:
+    """`burst` GitHub PRs queued at once; the token client that writes their statuses, paced
+    like any content-creating call (one a second)."""
+    for number in range(1, burst + 1):
+        pull = emulator.state.add_pull("github", REPO, number, files=FILES)
+        await queue_job(store, clock, pull, 40)
+    return GitHubClient(session, base_url=emulator.github_url, token=GITHUB_TOKEN,
+                        clock=clock.now, sleep=clock.sleep, post_interval_s=1.0)  # fmt: skip
 
 
 async def queue_job(store: QueueStore, clock: VirtualClock, pull: Any, *lines: int) -> int:
@@ -296,14 +317,7 @@ async def test_a_burst_of_a_thousand_reviews_writes_a_status_each_plus_state_cha
     review plus one per state change, never two for one review within a minute unless its
     state changed, and every write paced like any content-creating call (one a second)."""
     burst = 1000
-    pulls = [
-        emulator.state.add_pull("github", REPO, number, files=FILES)
-        for number in range(1, burst + 1)
-    ]
-    for pull in pulls:
-        await queue_job(store, clock, pull, 40)
-    client = GitHubClient(session, base_url=emulator.github_url, token=GITHUB_TOKEN,
-                          clock=clock.now, sleep=clock.sleep, post_interval_s=1.0)  # fmt: skip
+    client = await queue_burst(store, emulator, session, clock, burst)
     statuses = publisher(store, {"github": client}, clock)
     review = {"counts": {}, "url": "https://example.test/r"}
     # The queue drains at the pace the ETA was given for (two slots, 17 s a review by the
@@ -356,22 +370,8 @@ async def test_a_slow_morning_keeps_eta_news_within_the_hourly_budget(
     every ETA keeps slipping: each review still gets its first status at once, and the news
     (moved ETAs) never passes the hourly budget; the rest waits for the next hour."""
     burst, budget = 300, 50
-    pulls = [
-        emulator.state.add_pull("github", REPO, number, files=FILES)
-        for number in range(1, burst + 1)
-    ]
-    for pull in pulls:
-        await queue_job(store, clock, pull, 40)
-    client = GitHubClient(session, base_url=emulator.github_url, token=GITHUB_TOKEN,
-                          clock=clock.now, sleep=clock.sleep, post_interval_s=1.0)  # fmt: skip
-    statuses = StatusPublisher(
-        store.engine,
-        {"github": client},
-        clock=clock,
-        capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),
-        estimator=ServiceEstimator.with_prior,
-        settings=StatusSettings(neutral_at="major", rules=PublishRules(updates_per_hour=budget)),
-    )
+    client = await queue_burst(store, emulator, session, clock, burst)
+    statuses = publisher(store, {"github": client}, clock, PublishRules(updates_per_hour=budget))
     news: list[datetime] = []
     deferred = 0
     for minute in range(150):  # two and a half hours, a pass a minute; nothing finishes
