@@ -111,10 +111,18 @@ def _command_simulate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _command_emulator(args: argparse.Namespace, settings: Settings) -> int:
     from bot.emulator import run_emulator
+    from bot.emulator.hooks import HookTarget
     from bot.emulator.manage import PullSpecError
 
+    hooks = None
+    if args.bot_url:
+        hooks = HookTarget(
+            args.bot_url,
+            github_secret=settings.github_webhook_secret or "",
+            gitlab_token=settings.gitlab_webhook_token or "",
+        )
     try:
-        run_emulator(host=args.host, port=args.port, prs_file=args.prs)
+        run_emulator(host=args.host, port=args.port, prs_file=args.prs, hooks=hooks)
     except PullSpecError as exc:
         raise ConfigError(f"--prs: {exc}") from exc
     return 0
@@ -193,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--prs",
         metavar="FILE",
         help="also hold these PRs/MRs: a JSON list, object or lines (see POST /_emulator/prs)",
+    )
+    emulator.add_argument(
+        "--bot-url",
+        metavar="URL",
+        help="send the webhooks of changes made through /_emulator/ to the bot at URL "
+        "(e.g. http://127.0.0.1:8080), signed with GITHUB_WEBHOOK_SECRET / GITLAB_WEBHOOK_TOKEN "
+        "(default: shown in the answers, not sent)",
     )
     emulator.set_defaults(handler=_command_emulator)
 

@@ -10,6 +10,7 @@ from urllib.parse import unquote
 import jwt
 from aiohttp import web
 
+from bot.emulator.activity import ACTIVITY_ROUTES
 from bot.emulator.checks import CHECK_ROUTES
 from bot.emulator.github import (
     github_access_token,
@@ -36,6 +37,7 @@ from bot.emulator.gitlab import (
     gitlab_users,
     gitlab_versions,
 )
+from bot.emulator.hooks import HookTarget
 from bot.emulator.http import (
     GITHUB_REPO,
     GITLAB_MR,
@@ -47,6 +49,7 @@ from bot.emulator.http import (
     not_found,
 )
 from bot.emulator.manage import add_control_routes
+from bot.emulator.outside import add_change_routes
 from bot.emulator.quiet import QUIET_ROUTES
 from bot.emulator.state import (
     BOT_LOGIN,
@@ -160,7 +163,7 @@ FORGE_ROUTES: tuple[Route, ...] = (
 
 # Quiet reviews' routes (edits, resolution, compare, contents) and check runs / commit
 # statuses live in their own modules.
-ROUTES: tuple[Route, ...] = (*FORGE_ROUTES, *QUIET_ROUTES, *CHECK_ROUTES)
+ROUTES: tuple[Route, ...] = (*FORGE_ROUTES, *QUIET_ROUTES, *CHECK_ROUTES, *ACTIVITY_ROUTES)
 
 
 def _authenticate(ctx: Context, route: Route) -> None:
@@ -228,8 +231,11 @@ def _fault_reply(forge: Forge, fault: Fault) -> Reply:
     return Reply(fault.status, body, headers)
 
 
-def create_emulator_app(state: EmulatorState) -> web.Application:
-    """Build the aiohttp app that answers as GitHub (at /) and GitLab (under /api/v4)."""
+def create_emulator_app(
+    state: EmulatorState, *, hooks: HookTarget | None = None
+) -> web.Application:
+    """Build the aiohttp app that answers as GitHub (at /) and GitLab (under /api/v4); changes
+    made through its control API send their webhooks to `hooks` when given."""
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         raw_path = request.raw_path.split("?", 1)[0]
@@ -286,6 +292,7 @@ def create_emulator_app(state: EmulatorState) -> web.Application:
     app = web.Application()
     app[EMULATOR_STATE] = state
     add_control_routes(app)  # /_emulator/*: held PRs, new PRs from outside, what was posted
+    add_change_routes(app, hooks)  # /_emulator/*: pushes, files, comments, activity
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app
 

@@ -11,7 +11,9 @@ from aiohttp import web
 
 from bot.emulator.app import create_emulator_app
 from bot.emulator.diffs import generate_file_changes
+from bot.emulator.hooks import HookTarget
 from bot.emulator.manage import add_pull_spec, emulator_banner, load_pull_specs
+from bot.emulator.pushes import ensure_history
 from bot.emulator.state import EmulatedPull, EmulatorState
 
 logger = logging.getLogger(__name__)
@@ -21,9 +23,15 @@ class ForgeEmulator:
     """Runs the emulator app on a loopback port; use as an async context manager."""
 
     def __init__(
-        self, state: EmulatorState | None = None, *, host: str = "127.0.0.1", port: int = 0
+        self,
+        state: EmulatorState | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        hooks: HookTarget | None = None,
     ) -> None:
         self.state = state or EmulatorState()
+        self.hooks = hooks
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
@@ -42,7 +50,7 @@ class ForgeEmulator:
 
     async def start(self) -> str:
         """Start serving; returns the base URL."""
-        runner = web.AppRunner(create_emulator_app(self.state), access_log=None)
+        runner = web.AppRunner(create_emulator_app(self.state, hooks=self.hooks), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
@@ -84,6 +92,8 @@ def seed_examples(state: EmulatorState, *, pulls: int = 3, seed: int = 0) -> lis
             )
         )
         made.append(state.add_pull("gitlab", "acme/platform/api", index + 1, files=files))
+    for pull in made:
+        ensure_history(state, pull)  # so pushes from outside are children of these heads
     return made
 
 
@@ -95,9 +105,11 @@ async def serve_emulator(
     seed_pulls: int = 3,
     on_ready: Callable[[ForgeEmulator], object] | None = None,
     prs_file: str | None = None,
+    hooks: HookTarget | None = None,
 ) -> None:
     """Serve a seeded emulator (plus the PRs of `prs_file`) until `stop` is set (or
-    SIGINT/SIGTERM without one); raises PullSpecError for a bad `prs_file`."""
+    SIGINT/SIGTERM without one), sending the webhooks of changes made from outside to `hooks`;
+    raises PullSpecError for a bad `prs_file`."""
     state = EmulatorState()
     seed_examples(state, pulls=seed_pulls)
     for spec in load_pull_specs(prs_file) if prs_file else ():
@@ -108,8 +120,8 @@ async def serve_emulator(
     for signum in signals:
         loop.add_signal_handler(signum, done.set)
     try:
-        async with ForgeEmulator(state, host=host, port=port) as emulator:
-            print(emulator_banner(state, emulator.base_url), flush=True)
+        async with ForgeEmulator(state, host=host, port=port, hooks=hooks) as emulator:
+            print(emulator_banner(state, emulator.base_url, hooks), flush=True)
             if on_ready is not None:
                 on_ready(emulator)
             await done.wait()
@@ -118,7 +130,13 @@ async def serve_emulator(
             loop.remove_signal_handler(signum)
 
 
-def run_emulator(port: int, host: str = "127.0.0.1", prs_file: str | None = None) -> int:
-    """`bot emulator --port N [--prs FILE]`: serve until interrupted; returns an exit code."""
-    asyncio.run(serve_emulator(port, host=host, prs_file=prs_file))
+def run_emulator(
+    port: int,
+    host: str = "127.0.0.1",
+    prs_file: str | None = None,
+    hooks: HookTarget | None = None,
+) -> int:
+    """`bot emulator --port N [--prs FILE] [--bot-url URL]`: serve until interrupted; returns
+    an exit code."""
+    asyncio.run(serve_emulator(port, host=host, prs_file=prs_file, hooks=hooks))
     return 0

@@ -6,8 +6,12 @@ nor GitLab uses):
     GET  /_emulator/prs      the PRs/MRs the emulator holds, with their head shas
     POST /_emulator/prs      add one (or a list): a PR description, or a recorded webhook
                              payload ({"webhook": {...}}) so the bot finds the PR it names
-    GET  /_emulator/posted   what the bot posted (reviews, comments, notes, reactions);
-                             filters: ?forge=&kind=&repo=&number=
+    GET  /_emulator/posted   what the bot posted (reviews, comments, notes, reactions,
+                             statuses, check runs); filters: ?forge=&kind=&repo=&number=
+
+A description may give whole trees instead of patches: {"base": {path: text}, "head": {...}}.
+New PRs (and pushes by a new head sha) send their webhook when the emulator has a bot to send
+to; bot.emulator.outside serves pushes, files, comments and what is on a PR.
 
 `bot emulator --prs FILE` loads the same descriptions (a JSON list, one object, or JSON lines)
 at start. Parsing is pure; the handlers only call it and the emulator's state.
@@ -24,7 +28,11 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from bot.emulator.activity import record_number
 from bot.emulator.diffs import generate_file_changes
+from bot.emulator.hooks import HookTarget, pull_hook, send_hook
+from bot.emulator.pushes import ensure_history, push_patches, record_trees
+from bot.emulator.quiet import diff_trees
 from bot.emulator.state import EMULATOR_STATE, EmulatedPull, EmulatorState, Record
 from bot.model import FileChange, Forge
 
@@ -52,6 +60,8 @@ class PullSpec:
     author: str = "octocat"
     labels: tuple[str, ...] = ()
     draft: bool = False
+    # Whole trees (path -> text) of the base and the head, when given instead of patches.
+    trees: tuple[Mapping[str, str], Mapping[str, str]] | None = None
 
 
 def _text(data: Mapping[str, Any], key: str, *, where: str, default: str | None = None) -> str:
@@ -75,6 +85,33 @@ def _count(data: Mapping[str, Any], key: str, *, where: str, default: int, low: 
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_NUMBER:
         raise PullSpecError(f"{where}{key} must be an integer from {low}")
     return value
+
+
+def tree_from_json(value: Any, *, where: str, deletions: bool = False) -> dict[str, Any]:
+    """Files by path: {"path": "text"} (with `deletions`, null deletes the path)."""
+    if not isinstance(value, Mapping):
+        raise PullSpecError(f"{where} must be an object of path: text")
+    for path, text in value.items():
+        if not path or not (isinstance(text, str) or (deletions and text is None)):
+            allowed = "a string or null" if deletions else "a string"
+            raise PullSpecError(f"{where}[{path!r}] must be {allowed}")
+    return dict(value)
+
+
+def _trees(
+    data: Mapping[str, Any], *, where: str
+) -> tuple[Mapping[str, str], Mapping[str, str]] | None:
+    if "head" not in data:
+        if "base" in data:
+            raise PullSpecError(f"{where}base needs head (the files of the pull request's head)")
+        return None
+    base = tree_from_json(data.get("base", {}), where=f"{where}base")
+    head = tree_from_json(data["head"], where=f"{where}head")
+    if "files" in data:
+        raise PullSpecError(f"{where}files and head exclude each other: give patches or trees")
+    if base == head:
+        raise PullSpecError(f"{where}head is the same as base: the pull request changes nothing")
+    return base, head
 
 
 def _files(data: Mapping[str, Any], *, where: str, seed: int) -> tuple[FileChange, ...]:
@@ -126,11 +163,18 @@ def pull_spec_from_json(data: Any, *, where: str = "") -> PullSpec:
     draft = data.get("draft", False)
     if not isinstance(draft, bool):
         raise PullSpecError(f"{where}draft must be true or false")
+    trees = _trees(data, where=where)
+    files = (
+        tuple(diff_trees(*trees))
+        if trees
+        else _files(data, where=where, seed=_count(data, "seed", where=where, default=number))
+    )
     return PullSpec(
         forge=forge,
         repo=repo,
         number=number,
-        files=_files(data, where=where, seed=_count(data, "seed", where=where, default=number)),
+        files=files,
+        trees=trees,
         head_sha=_optional_text(data, "head_sha", where=where),
         base_sha=_optional_text(data, "base_sha", where=where),
         base_ref=_text(data, "base_ref", where=where, default="main"),
@@ -224,11 +268,12 @@ def load_pull_specs(path: str) -> list[PullSpec]:
 
 
 def add_pull_spec(state: EmulatorState, spec: PullSpec) -> EmulatedPull:
-    """Hold the PR: a new one is added; a known one with a new head sha gets a push."""
+    """Hold the PR: a new one is added (with commits for its base and head); a known one with a
+    new head sha gets a push (a child of its old head)."""
     key = (spec.forge, spec.repo, spec.number)
     known = state.pulls.get(key)
     if known is None:
-        return state.add_pull(
+        pull = state.add_pull(
             spec.forge,
             spec.repo,
             spec.number,
@@ -242,8 +287,13 @@ def add_pull_spec(state: EmulatorState, spec: PullSpec) -> EmulatedPull:
             labels=spec.labels,
             draft=spec.draft,
         )
+        if spec.trees is not None:
+            record_trees(state, pull, *spec.trees)
+        else:
+            ensure_history(state, pull)
+        return pull
     if spec.head_sha is not None and spec.head_sha != known.newest.head_sha:
-        state.push(spec.forge, spec.repo, spec.number, files=spec.files, head_sha=spec.head_sha)
+        push_patches(state, known, spec.files, spec.head_sha)
     return known
 
 
@@ -267,24 +317,25 @@ def pull_json(pull: EmulatedPull, base_url: str) -> dict[str, Any]:
         "base_sha": pull.newest.base_sha,
         "head_sha": pull.newest.head_sha,
         "files": [change.path for change in pull.files],
+        "versions": [version.head_sha for version in pull.versions],
         "state": pull.state,
         "api_url": pull_api_url(pull, base_url),
     }
 
 
-def record_json(record: Record) -> dict[str, Any]:
-    """One thing the bot posted."""
+def record_json(record: Record, number: int | None = None) -> dict[str, Any]:
+    """One thing the bot posted (`number`: the pull request a status on its commit is about)."""
     return {
         "forge": record.forge,
         "kind": record.kind,
         "repo": record.repo,
-        "number": record.number,
+        "number": record.number if number is None else number,
         "body": record.body,
         "data": record.data,
     }
 
 
-def emulator_banner(state: EmulatorState, base_url: str) -> str:
+def emulator_banner(state: EmulatorState, base_url: str, hooks: HookTarget | None = None) -> str:
     """What `bot emulator` prints at start: where the APIs are, the PRs held, where to look."""
     lines = [
         f"forge emulator: GitHub API at {base_url}, GitLab API at {base_url}/api/v4",
@@ -300,6 +351,14 @@ def emulator_banner(state: EmulatorState, base_url: str) -> str:
         "[?forge=&kind=&repo=&number=]",
         f'add a PR (a description or {{"webhook": payload}}): POST {base_url}{CONTROL_PREFIX}/prs'
         " (or start with --prs FILE)",
+        f"push, set files, comment: POST {CONTROL_PREFIX}/push, PUT {CONTROL_PREFIX}/files, "
+        f"POST {CONTROL_PREFIX}/comments; what is on a PR: GET {CONTROL_PREFIX}/activity"
+        "?forge=&repo=&number=[&sha=]",
+        (
+            f"webhooks of those changes go to {hooks.url}/webhooks/{{github,gitlab}}"
+            if hooks is not None
+            else "webhooks of those changes are shown, not sent (start with --bot-url to send)"
+        ),
     ]
     return "\n".join(lines)
 
@@ -331,8 +390,16 @@ async def handle_add_pulls(request: web.Request) -> web.Response:
     except PullSpecError as exc:
         return web.json_response({"error": str(exc)}, status=400)
     base = _base_url(request)
-    pulls = [pull_json(add_pull_spec(state, spec), base) for spec in specs]
-    return web.json_response({"prs": pulls}, status=201)
+    pulls, deliveries = [], []
+    for spec in specs:
+        known = state.pulls.get((spec.forge, spec.repo, spec.number))
+        before = known.newest.head_sha if known is not None else None
+        pull = add_pull_spec(state, spec)
+        if known is None or pull.newest.head_sha != before:
+            sent = await send_hook(request, pull_hook(state, pull, before=before))
+            deliveries.append({"event": sent["webhook"]["event"], "delivered": sent["delivered"]})
+        pulls.append(pull_json(pull, base))
+    return web.json_response({"prs": pulls, "webhooks": deliveries}, status=201)
 
 
 async def handle_posted(request: web.Request) -> web.Response:
@@ -348,13 +415,20 @@ async def handle_posted(request: web.Request) -> web.Response:
             number = int(query["number"])
         except ValueError:
             return web.json_response({"error": "number must be an integer"}, status=400)
-    records = state.posted(
-        forge=forge,  # type: ignore[arg-type]
-        kind=query.get("kind") or None,
-        repo=query.get("repo") or None,
-        number=number,
+    wanted_kind = query.get("kind") or None
+    records = [
+        (record, record.number or record_number(state, record.data, record.repo))
+        for record in state.posted(forge=forge, kind=wanted_kind, repo=query.get("repo") or None)  # type: ignore[arg-type]
+    ]
+    return web.json_response(
+        {
+            "posted": [
+                record_json(record, found)
+                for record, found in records
+                if number is None or found == number
+            ]
+        }
     )
-    return web.json_response({"posted": [record_json(record) for record in records]})
 
 
 def add_control_routes(app: web.Application) -> None:

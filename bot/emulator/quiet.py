@@ -80,22 +80,51 @@ def history_of(state: EmulatorState) -> RepositoryHistory:
     return _HISTORIES[state]
 
 
+def _patch(before: str | None, after: str | None) -> tuple[str | None, int, int]:
+    lines = list(
+        difflib.unified_diff(
+            (before or "").splitlines(), (after or "").splitlines(), lineterm="", n=3
+        )
+    )[2:]
+    additions = sum(1 for line in lines if line.startswith("+"))
+    deletions = sum(1 for line in lines if line.startswith("-"))
+    return "\n".join(lines) or None, additions, deletions
+
+
+def _renames(old: Tree, new: Tree) -> dict[str, str]:
+    """Removed paths whose text reappears (at least half alike) under an added path, as git's
+    rename detection pairs them: new path -> old path."""
+    removed = [path for path in old if path not in new]
+    added = [path for path in new if path not in old]
+    pairs: dict[str, str] = {}
+    for path in added:
+        scored = [
+            (difflib.SequenceMatcher(None, old[gone], new[path]).ratio(), gone)
+            for gone in removed
+            if gone not in pairs.values()
+        ]
+        best = max(scored, default=(0.0, ""))
+        if best[0] >= 0.5:
+            pairs[path] = best[1]
+    return pairs
+
+
 def diff_trees(old: Tree, new: Tree) -> list[FileChange]:
-    """The files two trees differ in, with unified-diff patches as the forges show them."""
+    """The files two trees differ in, with unified-diff patches as the forges show them
+    (a file moved with at least half its text kept is one renamed file)."""
+    renames = _renames(old, new)
+    moved = set(renames.values())
     changes: list[FileChange] = []
-    for path in sorted(set(old) | set(new)):
-        before, after = old.get(path), new.get(path)
-        if before == after:
+    for path in sorted((set(old) | set(new)) - moved):
+        before, after = old.get(renames.get(path, path)), new.get(path)
+        if before == after and path not in renames:
             continue
-        lines = list(
-            difflib.unified_diff(
-                (before or "").splitlines(), (after or "").splitlines(), lineterm="", n=3
-            )
-        )[2:]
-        additions = sum(1 for line in lines if line.startswith("+"))
-        deletions = sum(1 for line in lines if line.startswith("-"))
+        patch, additions, deletions = _patch(before, after)
+        if path in renames:
+            changes.append(FileChange(path, additions, deletions, patch, "renamed", renames[path]))
+            continue
         status = "added" if before is None else "removed" if after is None else "modified"
-        changes.append(FileChange(path, additions, deletions, "\n".join(lines) or None, status))
+        changes.append(FileChange(path, additions, deletions, patch, status))
     return changes
 
 
