@@ -226,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--speed", type=float, default=60.0)
     demo.add_argument("--llm", choices=("simulated", "vllm-cpu"), default="simulated")
     demo.set_defaults(handler=_command_demo)
+
+    from bot.eval.command import add_eval_parser
+
+    add_eval_parser(commands)
     return parser
 
 
