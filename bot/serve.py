@@ -120,7 +120,11 @@ def start_dispatcher(
     ]
     if settings.status_enabled and forges:
         tasks.append(
-            asyncio.create_task(status_publisher(settings, store, forges, dispatcher).run(stop))
+            asyncio.create_task(
+                status_publisher(settings, store, forges, dispatcher).run(
+                    stop, database_url=settings.database_url
+                )
+            )
         )
     return dispatcher, tasks
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
+from sqlalchemy import text
 
 from bot.app import create_app
 from bot.clock import VirtualClock
@@ -299,6 +300,13 @@ async def test_a_finding_is_said_once_the_summary_is_edited_in_place_and_fixes_r
     assert "0 new" in summary["body"] and "found again and not repeated" in summary["body"]
     job = await store.get_job(second)
     assert job is not None and job.state == JobState.DONE
+    # The head's status concludes from every finding still open on it, not from the push's.
+    second_review, first_review = (
+        await posted_record(store, second),
+        await posted_record(store, first),
+    )
+    assert sum(second_review["open_counts"].values()) == len(said)
+    assert second_review["open_counts"] == first_review["open_counts"]
 
     # The TODO is fixed: its finding is resolved, nothing is posted, the summary says so.
     await bot.push(pull, [HANDLER_V2, UTILS])
@@ -309,11 +317,24 @@ async def test_a_finding_is_said_once_the_summary_is_edited_in_place_and_fixes_r
     states = {item.body.split(";")[0]: item.state for item in findings}
     assert states["A TODO is left in the change"] == "resolved"
     assert list(states.values()).count("open") == len(said) - 1
+    third = await store.find_job(forge=forge, repo=repo, number=7)
+    assert third is not None
+    assert sum((await posted_record(store, third.id))["open_counts"].values()) == len(said) - 1
     if forge == "gitlab":
         resolved = emulator.state.posted(kind="discussion_resolve", repo=repo, number=7)
         assert len(resolved) == 1 and resolved[0].data["resolved"] is True
         todo = next(d for d in pull.discussions if "TODO" in d["notes"][0]["body"])
         assert todo["notes"][0]["resolved"] is True
+
+
+async def posted_record(store: QueueStore, job_id: int) -> dict[str, Any]:
+    """What the job row keeps of its posted review."""
+    async with store.engine.connect() as conn:
+        found = await conn.scalar(
+            text("SELECT review FROM review_jobs WHERE id = :id"), {"id": job_id}
+        )
+    assert isinstance(found, dict)
+    return found
 
 
 def module(index: int) -> str:

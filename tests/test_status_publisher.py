@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,6 +13,7 @@ import aiohttp
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from sqlalchemy import text
 
 from bot.clock import VirtualClock
 from bot.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
@@ -27,6 +30,7 @@ from bot.status.eta import Capacity
 from bot.status.publisher import StatusPublisher, StatusSettings
 from tests.factories import decide, plans
 from tests.pipeline_helpers import GITHUB_TOKEN, GITLAB_TOKEN, request_for
+from tests.serving import wait_until
 from tests.test_emulator import load_shared_json, response_schema, schema_errors
 
 REPO = "acme/shop"
@@ -250,7 +254,7 @@ async def test_a_plain_token_writes_commit_statuses(
     assert emulator.state.check_runs == {}
 
 
-async def test_gitlab_status_goes_pending_running_success(
+async def test_gitlab_status_goes_pending_then_failed_on_a_critical_finding(
     store: QueueStore, emulator: ForgeEmulator, clock: VirtualClock
 ) -> None:
     pull = emulator.state.add_pull("gitlab", GITLAB_REPO, 6, files=FILES)
@@ -263,19 +267,32 @@ async def test_gitlab_status_goes_pending_running_success(
     await run_job(store, clock, {"counts": {"critical": 1}, "url": "https://example.test/r"})
     await statuses.publish_once(clock.now())
     written = [r.data for r in emulator.state.posted(forge="gitlab", kind="commit_status")]
-    # The job ended between two passes: running is written before success, as GitLab wants.
-    assert [item["status"] for item in written] == ["pending", "running", "success"]
+    # The job ended between two passes: pending -> failed is a transition GitLab allows (one
+    # write, not two); a critical finding is never green.
+    assert [item["status"] for item in written] == ["pending", "failed"]
     assert written[0]["description"].startswith("P1 · 1st in line · review in about ")
-    assert written[2]["description"] == "Reviewed: 1 finding (1 critical)"
+    assert written[1]["description"] == "Reviewed: 1 finding (1 critical)"
     assert {item["name"] for item in written} == {"review-bot"}
+    assert emulator.state.refused_transitions == []
 
-    # GitLab refuses to set the state a status already has; the client says so.
-    update = StatusUpdate(repo=GITLAB_REPO, head_sha=pull.newest.head_sha, job_id=1,
-                          state="completed", title="t", summary="s", description="d",
-                          conclusion="success", project_id=pull.project_id)  # fmt: skip
-    with pytest.raises(ForgeError) as refused:
-        await client.publish_status(update)
-    assert refused.value.status == 400 and "Cannot transition status" in str(refused.value)
+    # GitLab refuses what its state machine does not allow (running -> running, running ->
+    # pending); the emulator enforces it and the client says so.
+    other = emulator.state.add_pull("gitlab", GITLAB_REPO, 16, files=FILES)
+    update = StatusUpdate(repo=GITLAB_REPO, head_sha=other.newest.head_sha, job_id=1,
+                          state="in_progress", title="t", summary="s", description="d",
+                          project_id=other.project_id)  # fmt: skip
+    await client.publish_status(update)
+    for state in ("in_progress", "queued"):
+        with pytest.raises(ForgeError) as refused:
+            await client.publish_status(replace(update, state=state))  # type: ignore[arg-type]
+        assert refused.value.status == 400 and "Cannot transition status" in str(refused.value)
+    assert [(was, to) for _, _, was, to in emulator.state.refused_transitions] == [
+        ("running", "running"),
+        ("running", "pending"),
+    ]
+    # A finished status is followed by a new one: pending is allowed again.
+    await client.publish_status(replace(update, state="completed", conclusion="success"))
+    await client.publish_status(replace(update, state="queued"))
 
 
 async def test_failed_writes_never_stop_the_review_and_are_tried_again(
@@ -390,3 +407,78 @@ async def test_a_slow_morning_keeps_eta_news_within_the_hourly_budget(
     writes = [s for s in emulator.state.commit_statuses if s["_forge"] == "github"]
     assert len(writes) == burst + len(news)
     print(f"{burst} queued, nothing finished: {len(news)} ETA updates, {deferred} held back")
+
+
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
+async def test_a_review_that_ends_between_two_passes_still_gets_its_status(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+    app_key: tuple[str, str],
+    forge: str,
+) -> None:
+    """Queued, reviewed and posted before any pass looked: the end of the job owes its status
+    (the trigger's outbox), and the one write is the final one."""
+    repo = REPO if forge == "github" else GITLAB_REPO
+    pull = emulator.state.add_pull(forge, repo, 8, files=FILES, installation_id=1)  # type: ignore[arg-type]
+    client: Any = (
+        app_client(emulator, session, clock, app_key[0])
+        if forge == "github"
+        else gitlab_client(emulator, clock)
+    )
+    statuses = publisher(store, {forge: client}, clock)
+    job_id = await queue_job(store, clock, pull, 40)
+    await run_job(store, clock, {"counts": {"minor": 1}, "url": "https://example.test/r"})
+    result = await statuses.publish_once(clock.now())
+    assert (result.written, result.reasons["first"]) == (1, 1)
+    if forge == "github":
+        [run] = emulator.state.check_runs.values()
+        assert (run["external_id"], run["status"], run["conclusion"]) == (
+            str(job_id), "completed", "success")  # fmt: skip
+    else:
+        written = [r.data for r in emulator.state.posted(forge="gitlab", kind="commit_status")]
+        assert [item["status"] for item in written] == ["success"]
+    async with store.engine.connect() as conn:
+        assert await conn.scalar(text("SELECT count(*) FROM status_outbox")) == 0
+    assert (await statuses.publish_once(clock.now())).written == 0
+
+
+async def test_the_publisher_wakes_when_a_job_changes_state_not_on_a_timer(
+    store: QueueStore,
+    db_url: str,
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+) -> None:
+    """An hour between passes for news: every state change still shows at once (NOTIFY from
+    the trigger on review_jobs)."""
+    statuses = StatusPublisher(
+        store.engine,
+        {"github": token_client(emulator, session, clock)},
+        clock=clock,
+        capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),
+        estimator=ServiceEstimator.with_prior,
+        settings=StatusSettings(interval_s=3600.0),
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(statuses.run(stop, database_url=db_url))
+
+    def states() -> list[str]:
+        return [
+            r.data["state"] for r in emulator.state.posted(forge="github", kind="commit_status")
+        ]
+
+    async def written(count: int) -> bool:
+        return len(states()) >= count
+
+    try:
+        pull = emulator.state.add_pull("github", REPO, 9, files=FILES)
+        await queue_job(store, clock, pull, 40)
+        await wait_until(lambda: written(1), timeout_s=10, what="the queued status")
+        await run_job(store, clock, {"counts": {"major": 1}, "url": "https://example.test/r"})
+        await wait_until(lambda: written(2), timeout_s=10, what="the final status")
+    finally:
+        stop.set()
+        await running
+    assert states()[0] == "pending" and states()[-1] == "failure"

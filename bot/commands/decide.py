@@ -13,7 +13,7 @@ from bot.forges.base import PERMISSIONS, Permission
 from bot.model import TERMINAL_JOB_STATES, Command, Job, JobState, Level
 from bot.policy import CommandRules, Policy, compile_glob
 
-Action = Literal["set_level", "requeue", "cancel", "status", "help", "refuse"]
+Action = Literal["set_level", "requeue", "republish", "cancel", "status", "help", "refuse"]
 Outcome = Literal["accepted", "refused", "unchanged"]
 
 # Our replies carry this marker, so the parser (parse.BOT_MARKER) never reads them back.
@@ -148,6 +148,11 @@ def decide(
             f"Cancelled the {job.state.value} review of this PR (job {job.id}, {job.level}).",
             f"{command.raw}: cancelled by {command.author}",
         )
+    if verb == "rerun":
+        return _rerun(
+            command, job=job, may_own=may_own, who=who, permission_text=permission_text,
+            actor_permission=actor_permission,
+        )  # fmt: skip
     if verb == "review":
         if job is not None and live:
             return CommandDecision(
@@ -180,6 +185,51 @@ def decide(
             f"{command.raw}: re-review requested by {command.author}",
         )
     return _refuse(command, f"{code(command.raw)} is not a command I know.", "unknown command")
+
+
+def _rerun(
+    command: Command,
+    *,
+    job: Job | None,
+    may_own: bool,
+    who: str,
+    permission_text: str,
+    actor_permission: Permission | None,
+) -> CommandDecision:
+    """The check run's Re-run button: the head's state written again, without a comment.
+
+    A head whose review was posted (or is underway) gets its status again, concluded from the
+    findings open on it: no LLM review of an unchanged head, and no green over open findings.
+    A head whose last review did not end in a posted one (failed, cancelled) is reviewed again,
+    as `/review` would; either way the pull request gets no reply comment.
+    """
+    if job is None:
+        return _refuse(
+            command,
+            "no webhook for this PR has reached me yet, so I do not know its commits; "
+            "push a commit or reopen it and it is queued by policy.",
+            "PR unknown",
+        )
+    if not may_own:
+        return _refuse(
+            command,
+            f"a re-run needs authorship of this PR or write access; {who} has {permission_text}.",
+            f"no right to re-run ({actor_permission or 'unknown'})",
+        )
+    if job.state is JobState.DONE or job.state not in TERMINAL_JOB_STATES:
+        return CommandDecision(
+            "republish",
+            job.level,
+            "",
+            f"{command.raw}: status of {job.head_sha[:12]} written again ({job.state.value})",
+        )
+    return CommandDecision(
+        "requeue",
+        None,
+        "",
+        f"{command.raw}: re-review requested by {command.author} (the last one ended "
+        f"{job.state.value})",
+    )
 
 
 def _priority(

@@ -46,7 +46,7 @@ from bot.review.deferral import RetryBudget
 
 log = logging.getLogger(__name__)
 
-_NEEDS_PERMISSION = frozenset({"priority", "cancel", "review"})
+_NEEDS_PERMISSION = frozenset({"priority", "cancel", "review", "rerun"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +313,8 @@ class CommandWorker:
             {"index": r.index, "verb": r.verb, "outcome": r.outcome, "job_id": r.job_id}
             for r in results
         ]
-        if client is None or not results:
+        if client is None or not any(result.reply for result in results):
+            # (A Re-run answers on the check run, not with a comment.)
             return await self._finish(
                 delivery, DONE_OUTCOME, {"results": summary, "reply_id": None}, results,
                 job_id=touched,
@@ -445,8 +446,14 @@ class CommandWorker:
             if not cancelled:
                 return _unchanged(decision, "the review ended meanwhile"), job.id
             return decision, job.id
+        if decision.action == "republish" and job is not None:
+            await self.store.republish_status(job.id)
+            return decision, job.id
         if decision.action == "requeue" and job is not None:
-            return await self._requeue(decision, command, job, now=now)
+            requeued, job_id = await self._requeue(decision, command, job, now=now)
+            if command.verb == "rerun" and requeued.action == "requeue":
+                requeued = replace(requeued, reply_text="")  # its check run tells
+            return requeued, job_id
         return decision, job.id if job is not None else None
 
     async def _requeue(

@@ -32,9 +32,19 @@ CHECK_CONCLUSIONS = (
 )  # fmt: skip
 COMMIT_STATES = ("error", "failure", "pending", "success")
 GITLAB_STATES = ("pending", "running", "success", "failed", "canceled", "skipped")
-# GitLab names the transition that would lead into each state in its refusal.
+# GitLab's commit status state machine (app/models/commit_status.rb) as its API drives it: each
+# state asked for is an event, allowed only from the states listed. A running or pending status
+# of the same name on the commit is the one updated; otherwise a new one starts at `created`.
 GITLAB_EVENTS = {"pending": "enqueue", "running": "run", "success": "succeed", "failed": "drop",
                  "canceled": "cancel", "skipped": "skip"}  # fmt: skip
+GITLAB_FROM: Mapping[str, frozenset[str]] = {
+    "pending": frozenset({"created"}),
+    "running": frozenset({"created", "pending"}),  # a new one is enqueued first, then run
+    "success": frozenset({"created", "pending", "running"}),
+    "failed": frozenset({"created", "pending", "running"}),
+    "canceled": frozenset({"created", "pending", "running"}),
+    "skipped": frozenset({"created", "pending"}),
+}
 APP_ID = 1
 APP_SLUG = "review-bot"
 
@@ -276,12 +286,16 @@ async def _gitlab_create_status(ctx: Context) -> Any:
         ),
         None,
     )  # fmt: skip
-    if current is not None and current["status"] == wanted:
+    if current is not None and current["status"] not in ("pending", "running"):
+        current = None  # finished: the write starts a new status
+    was = "created" if current is None else str(current["status"])
+    if was not in GITLAB_FROM[str(wanted)]:
         event = GITLAB_EVENTS[str(wanted)]
+        ctx.state.refused_transitions.append((path, sha, was, str(wanted)))
         raise Reply(
             400,
             {
-                "message": f"Cannot transition status via :{event} from :{wanted} "
+                "message": f"Cannot transition status via :{event} from :{was} "
                 f'(Reason(s): Status cannot transition via "{event}")'
             },
         )

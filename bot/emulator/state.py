@@ -165,6 +165,8 @@ class EmulatorState:
         # check runs and commit statuses, served by bot.emulator.checks
         self.check_runs: dict[int, dict[str, Any]] = {}
         self.commit_statuses: list[dict[str, Any]] = []
+        # GitLab status writes refused by its state machine: (project, sha, from, to).
+        self.refused_transitions: list[tuple[str, str, str, str]] = []
         self._ids = itertools.count(1001)
         self._shas = itertools.count(1)
 

@@ -37,22 +37,51 @@ class StatusWritten:
     external_id: str | None = None
 
 
+# GitLab's states a finished status has: the next write on its head starts a new status.
+GITLAB_FINISHED = frozenset({"success", "failed", "canceled", "skipped"})
+# What GitLab's API lets a live status become (its commit status state machine): a pending
+# status may run or finish, a running one may only finish; pending -> pending, running ->
+# pending and running -> running are refused with 400 "Cannot transition status via ...".
+GITLAB_NEXT: dict[str, frozenset[str]] = {
+    "pending": frozenset({"running", "success", "failed", "canceled"}),
+    "running": frozenset({"success", "failed", "canceled"}),
+}
+
+
 def github_commit_state(update: StatusUpdate) -> str:
     """A commit status state (tokens cannot write check runs).
 
-    Ended reviews are `success` whatever they found: the bot informs and never blocks a merge;
-    the description says what happened.
+    A review with findings at or above the threshold (conclusion `neutral`) is `failure`, as
+    on GitLab: a commit status has no neutral, and green would say the head is clean. Not
+    reviewed (skipped, cancelled) is `success`: the description says why.
     """
-    return "pending" if update.state != "completed" else "success"
+    if update.state != "completed":
+        return "pending"
+    return "failure" if update.conclusion == "neutral" else "success"
 
 
 def gitlab_commit_state(update: StatusUpdate) -> str:
-    """GitLab's status: pending, then running, then success (canceled when not reviewed)."""
-    if update.state == "queued":
+    """GitLab's status: pending, then running, then success, failed (findings at or above the
+    threshold) or canceled (not reviewed)."""
+    return gitlab_state_of(update.state, update.conclusion)
+
+
+def gitlab_state_of(state: str, conclusion: str | None) -> str:
+    """GitLab's name for a status state and conclusion."""
+    if state == "queued":
         return "pending"
-    if update.state == "in_progress":
+    if state == "in_progress":
         return "running"
-    return "canceled" if update.conclusion in ("cancelled", "skipped") else "success"
+    if conclusion in ("cancelled", "skipped"):
+        return "canceled"
+    return "failed" if conclusion == "neutral" else "success"
+
+
+def gitlab_allows(current: str | None, wanted: str) -> bool:
+    """Whether GitLab takes `wanted` on a head whose status (this name) is `current`."""
+    if current is None or current in GITLAB_FINISHED:
+        return True
+    return wanted in GITLAB_NEXT.get(current, frozenset())
 
 
 def shorten(text: str, limit: int) -> str:
@@ -61,11 +90,15 @@ def shorten(text: str, limit: int) -> str:
 
 
 __all__ = [
+    "GITLAB_FINISHED",
+    "GITLAB_NEXT",
     "STATUS_NAME",
     "StatusKind",
     "StatusUpdate",
     "StatusWritten",
     "github_commit_state",
+    "gitlab_allows",
     "gitlab_commit_state",
+    "gitlab_state_of",
     "shorten",
 ]

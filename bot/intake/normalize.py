@@ -189,7 +189,8 @@ def _github_comment(payload: Mapping[str, Any], delivery_id: str, *, bot_login: 
 
 
 def _github_check_run(payload: Mapping[str, Any], delivery_id: str) -> Normalized:
-    """The Re-run button of the bot's check run: a `/review` by whoever pressed it."""
+    """The Re-run button of the bot's check run: the head's status again, by whoever pressed it
+    (a new review only when the last one did not end in a posted review)."""
     action = _field(payload, "action", str)
     if action != "rerequested":
         return Ignored(f"check_run {_shown(action)}: only a re-run asks for a review")
@@ -213,7 +214,7 @@ def _github_check_run(payload: Mapping[str, Any], delivery_id: str) -> Normalize
         number=number,
         author=author,
         comment_id=0,  # no comment to react to
-        verb="review",
+        verb="rerun",
         raw="/review (the check run's Re-run button)",
         installation_id=installation_id,
         delivery_id=delivery_id,

@@ -471,6 +471,11 @@ class JobRecords(JobLevels):
         )
         return [job_from_row(row) for row in rows]
 
+    async def republish_status(self, job_id: int) -> None:
+        """Ask the status publisher to write the job's status again (a Re-run), at once."""
+        async with self.connector.transaction() as conn:
+            await conn.execute(jobs_sql.REQUEST_REPUBLISH, {"job_id": job_id})
+
     async def queue_position(self, job_id: int) -> int:
         """How many queued jobs are ahead of this one."""
         rows = await self.connector.fetch_all(jobs_sql.SELECT_QUEUE_POSITION, {"job_id": job_id})

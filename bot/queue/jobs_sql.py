@@ -326,3 +326,18 @@ RENEW_POSTING_CLAIMS = _sql(
     RETURNING id
     """
 )
+
+# A Re-run: an ended job's status is written again (a new check run); a live one's is written
+# as it moves anyway. Either way the publisher wakes.
+REQUEST_REPUBLISH = _sql(
+    """
+    WITH job AS (
+        SELECT id, state IN ('done', 'failed', 'dead', 'superseded', 'cancelled') AS ended
+        FROM review_jobs WHERE id = :job_id
+    ), owed AS (
+        INSERT INTO status_outbox (job_id, republish) SELECT id, true FROM job WHERE ended
+        ON CONFLICT (job_id) DO UPDATE SET republish = true
+    )
+    SELECT pg_notify('review_bot_status', CAST(id AS text)) FROM job
+    """
+)

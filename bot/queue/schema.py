@@ -278,6 +278,20 @@ status_reports = Table(
     Index("ix_status_reports_open", "job_id", postgresql_where=text("state <> 'completed'")),
 )
 
+# Created by migration 0018: a job whose final status is still owed to the forge (written by a
+# trigger on review_jobs in the transaction that ends it), or whose status a Re-run asked for.
+status_outbox = Table(
+    "status_outbox",
+    metadata,
+    Column(
+        "job_id",
+        BigInteger,
+        ForeignKey("review_jobs.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("republish", Boolean, nullable=False, server_default=text("false")),
+)
+
 # Created by migration 0013: one row per dispatcher process, refreshed every heartbeat.
 dispatchers = Table(
     "dispatchers",

@@ -56,6 +56,14 @@ class QuietDecision:
         return len(self.still_open) + len(self.new)
 
     @property
+    def open_counts(self) -> dict[str, int]:
+        """Findings open on the reviewed head after this review, by severity: what its status
+        concludes from (the increment alone would forget what earlier pushes left open)."""
+        severities = [item.severity for item in self.still_open]
+        severities += [item.finding.severity for item in self.new]
+        return {name: severities.count(name) for name in SEVERITY_RANK if name in severities}
+
+    @property
     def posts_anything(self) -> bool:
         return bool(self.inline)
 

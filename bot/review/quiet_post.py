@@ -356,6 +356,7 @@ async def _post(
         "open": decision.open_count,
         "findings": len(fingerprinted),
         "counts": dict(assembled.counts),
+        "open_counts": decision.open_counts,
         "complete": assembled.complete,
         "skipped": len(assembled.skipped),
         "summary": body,

@@ -48,7 +48,7 @@ class PublishRules:
     updates_per_hour: int = 120
 
 
-NEWS_FREE = frozenset({"first", "state"})  # reasons that are never rationed
+NEWS_FREE = frozenset({"first", "state", "republish"})  # reasons that are never rationed
 
 
 def updates_left(recent: Sequence[datetime], *, now: datetime, per_hour: int) -> int:

@@ -1,8 +1,12 @@
-"""The status publisher: every few seconds, decide which statuses moved enough and write them.
+"""The status publisher: on every job state change, and every few seconds for news, decide which
+statuses moved enough and write them.
 
-Thin I/O around the pure parts (load, eta, decide, render). Writes go one at a time through
-the forge clients, whose pacing of content-creating calls they share with reviews; a failed
-write is logged and tried again on a later pass, and never holds up a review.
+Thin I/O around the pure parts (load, eta, decide, render). A trigger on review_jobs NOTIFYs
+each state change (a pass follows at once) and records each ended job's owed final status in
+status_outbox, so a review that starts and ends between two passes still gets its status.
+Writes go one at a time through the forge clients, whose pacing of content-creating calls they
+share with reviews; a failed write is logged and tried again on a later pass, and never holds
+up a review.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import contextlib
 import logging
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -22,7 +26,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.clock import Clock
 from bot.errors import ForgeError
 from bot.forges.base import ForgePermissionDenied
-from bot.forges.statuses import StatusUpdate, StatusWritten
+from bot.forges.statuses import (
+    StatusUpdate,
+    StatusWritten,
+    gitlab_allows,
+    gitlab_state_of,
+)
 from bot.model import JobState, Level
 from bot.sched.mlfq import ServiceEstimator
 from bot.status import publisher_sql as sql
@@ -80,6 +89,7 @@ class _Due:
     report: StatusReport
     reason: str
     facts: StatusFacts
+    owed: bool = False  # from the outbox: settled once written
 
 
 def previous_report(row: Any) -> tuple[StatusReport | None, datetime | None]:
@@ -163,10 +173,28 @@ class StatusPublisher:
         """Every live job with its calls and its last written status."""
         return await fetch_live_rows(self.engine)
 
-    async def _ended_rows(self) -> list[Any]:
+    async def _owed_rows(self) -> list[Any]:
         async with self.engine.connect() as conn:
-            result = await conn.execute(sql.SELECT_ENDED_OPEN, {"limit": self.settings.ended_batch})
+            result = await conn.execute(sql.SELECT_OWED, {"limit": self.settings.ended_batch})
             return list(result.all())
+
+    async def _settle(self, row: Any) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                sql.SETTLE_OWED, {"job_id": int(row.id), "republish": bool(row.republish)}
+            )
+
+    async def _gitlab_heads(self, due: Sequence[_Due]) -> dict[tuple[str, str], str]:
+        """GitLab's state on each head that a due write targets."""
+        shas = sorted({item.row.head_sha for item in due if item.row.forge == "gitlab"})
+        if not shas:
+            return {}
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(sql.SELECT_HEAD_STATES, {"forge": "gitlab", "shas": shas})
+        return {
+            (row.repo, row.head_sha): gitlab_state_of(row.state, row.conclusion)
+            for row in rows.all()
+        }
 
     @contextlib.asynccontextmanager
     async def _leading(self) -> AsyncIterator[bool]:
@@ -186,9 +214,21 @@ class StatusPublisher:
             if not leading:
                 return result
             due = await self._due(now, result)
+            heads = await self._gitlab_heads(due)
             for item in sorted(due, key=_priority):
                 if item.reason not in NEWS_FREE and not self._news_allowed(item.row.forge, now):
                     result.deferred += 1
+                    continue
+                if item.row.forge == "gitlab":
+                    head = (item.row.repo, item.row.head_sha)
+                    wanted = gitlab_state_of(item.report.state, item.report.conclusion)
+                    if not gitlab_allows(heads.get(head), wanted):
+                        # Another job's status holds the head (GitLab keeps one per name):
+                        # this one waits until that one has finished.
+                        result.deferred += 1
+                        continue
+                    if await self._write(item, now, result):
+                        heads[head] = wanted
                     continue
                 await self._write(item, now, result)
         return result
@@ -219,30 +259,51 @@ class StatusPublisher:
             )
             facts = self._facts(row, start_at=now + timedelta(seconds=estimate.start_in_s))
             self._consider(due, row, report, facts, now)
-        for row in await self._ended_rows():
-            if row.forge not in self.forges or self._is_muted(row, now):
+        for row in await self._owed_rows():
+            if row.forge not in self.forges:
+                await self._settle(row)  # no client for it: nobody can write it
                 continue
-            review = row.review or {}
-            counts = review.get("counts") if JobState(row.state) == JobState.DONE else None
-            conclusion = conclude(
-                JobState(row.state), counts=counts, neutral_at=self.settings.neutral_at
-            )
-            report = StatusReport(
-                state="completed",
-                level=Level(row.level),
-                parts_done=int(row.chunks_done or 0),
-                parts_total=int(row.chunks_total or 0),
-                conclusion=conclusion,
-            )
-            facts = self._facts(
-                row,
-                review_url=review.get("url"),
-                counts=counts,
-                review_summary=review.get("summary"),
-                error=row.last_error,
-            )
+            if self._is_muted(row, now):
+                continue
+            report, facts = self._final(row)
+            if row.republish:
+                due.append(_Due(row, report, "republish", facts, owed=True))
+                continue
+            before = len(due)
             self._consider(due, row, report, facts, now)
+            if len(due) == before:
+                await self._settle(row)  # already written as it ends
+            else:
+                due[-1] = _Due(row, report, due[-1].reason, facts, owed=True)
         return due
+
+    def _final(self, row: Any) -> tuple[StatusReport, StatusFacts]:
+        """An ended job's last status: its conclusion from every finding still open on its head
+        (a review posts only what is new; its status speaks for the head)."""
+        review = row.review or {}
+        done = JobState(row.state) == JobState.DONE
+        counts = review.get("counts") if done else None
+        open_counts = review.get("open_counts", counts) if done else None
+        conclusion = conclude(
+            JobState(row.state), counts=open_counts, neutral_at=self.settings.neutral_at
+        )
+        report = StatusReport(
+            state="completed",
+            level=Level(row.level),
+            parts_done=int(row.chunks_done or 0),
+            parts_total=int(row.chunks_total or 0),
+            conclusion=conclusion,
+        )
+        new = sum(int(value) for value in counts.values()) if counts is not None else None
+        facts = self._facts(
+            row,
+            review_url=review.get("url"),
+            counts=open_counts,
+            new_findings=new if "open_counts" in review else None,
+            review_summary=review.get("summary"),
+            error=row.last_error,
+        )
+        return report, facts
 
     def _consider(
         self, due: list[_Due], row: Any, report: StatusReport, facts: StatusFacts, now: datetime
@@ -275,25 +336,17 @@ class StatusPublisher:
         until = self.muted.get((row.forge, row.repo))
         return until is not None and now < until
 
-    async def _write(self, item: _Due, now: datetime, result: PassResult) -> None:
+    async def _write(self, item: _Due, now: datetime, result: PassResult) -> bool:
+        """Write one status; whether the forge took it."""
         row, report = item.row, item.report
         writer = self.forges[row.forge]
         context = {"job_id": int(row.id), "forge": row.forge, "repo": row.repo}
+        update = self._update(row, report, item.facts, now)
+        if item.reason == "republish":
+            # GitHub asks for a new check run on a Re-run; the old one stays as it was.
+            update = replace(update, check_run_id=None)
         try:
-            previous, _ = previous_report(row)
-            if (
-                row.forge == "gitlab"
-                and previous is not None
-                and previous.state == "queued"
-                and report.state == "completed"
-                and report.conclusion in ("success", "neutral")
-            ):
-                # GitLab's statuses go pending -> running -> success.
-                running = StatusReport("in_progress", report.level, parts_done=report.parts_done,
-                                       parts_total=report.parts_total)  # fmt: skip
-                await writer.publish_status(self._update(row, running, item.facts, now))
-                self.writes += 1
-            written = await writer.publish_status(self._update(row, report, item.facts, now))
+            written = await writer.publish_status(update)
         except ForgeError as exc:
             result.failed += 1
             if isinstance(exc, ForgePermissionDenied):
@@ -304,13 +357,15 @@ class StatusPublisher:
                 exc,
                 extra={"action": "status_failed", **context},
             )
-            return
+            return False
         self.writes += 1
         result.written += 1
         result.reasons[item.reason] += 1
         if item.reason not in NEWS_FREE:
             self.news_written.setdefault(row.forge, deque()).append(now)
         await self._record(row, report, written, now)
+        if item.owed:
+            await self._settle(row)
         log.info(
             "status of job %s: %s (%s)",
             row.id,
@@ -318,6 +373,7 @@ class StatusPublisher:
             item.reason,
             extra={"action": "status_written", **context},
         )
+        return True
 
     def _update(
         self, row: Any, report: StatusReport, facts: StatusFacts, now: datetime
@@ -371,20 +427,65 @@ class StatusPublisher:
                 extra={"action": "status_record_failed", "job_id": int(row.id)},
             )
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Pass after pass until `stop`; a failing pass is logged and the next one tries again."""
-        while not stop.is_set():
-            try:
-                await self.publish_once(self.clock.now())
-            except (SQLAlchemyError, OSError) as exc:
-                log.warning("status pass failed: %s", exc, extra={"action": "status_pass_failed"})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.settings.interval_s)
+    async def run(self, stop: asyncio.Event, *, database_url: str | None = None) -> None:
+        """Pass after pass until `stop`: at once when a job changes state (LISTEN on the
+        trigger's channel, given `database_url`), else every `interval_s` for news. A failing
+        pass is logged and the next one tries again."""
+        wake = asyncio.Event()
+        listener = await self._listen(database_url, wake)
+        try:
+            while not stop.is_set():
+                wake.clear()
+                try:
+                    await self.publish_once(self.clock.now())
+                except (SQLAlchemyError, OSError) as exc:
+                    log.warning(
+                        "status pass failed: %s", exc, extra={"action": "status_pass_failed"}
+                    )
+                if listener is None or listener.is_closed():
+                    listener = await self._listen(database_url, wake, quiet=listener is not None)
+                waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+                try:
+                    await asyncio.wait(
+                        waits, timeout=self.settings.interval_s, return_when="FIRST_COMPLETED"
+                    )
+                finally:
+                    for waiting in waits:
+                        waiting.cancel()
+        finally:
+            if listener is not None and not listener.is_closed():
+                with contextlib.suppress(Exception):
+                    await listener.close()
+
+    async def _listen(
+        self, database_url: str | None, wake: asyncio.Event, *, quiet: bool = False
+    ) -> Any:
+        """LISTEN for job state changes on a dedicated asyncpg connection, if possible."""
+        if database_url is None:
+            return None
+        import asyncpg
+
+        from bot.db import plain_url
+
+        try:
+            connection = await asyncpg.connect(plain_url(database_url), timeout=10)
+            await connection.add_listener(sql.STATUS_CHANNEL, lambda *_: wake.set())
+            connection.add_termination_listener(lambda *_: wake.set())
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            if not quiet:
+                log.warning(
+                    "LISTEN unavailable, statuses every %ss: %s",
+                    self.settings.interval_s,
+                    exc,
+                    extra={"action": "status_listen_failed"},
+                )
+            return None
+        return connection
 
 
 def _priority(item: _Due) -> tuple[int, int, int]:
     """State changes first (they tell the most), then the most urgent levels."""
-    first = 0 if item.reason in ("state", "first") else 1
+    first = 0 if item.reason in ("state", "first", "republish") else 1
     return (first, int(item.report.level), int(item.row.id))
 
 

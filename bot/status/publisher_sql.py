@@ -44,19 +44,36 @@ SELECT_LIVE_JOBS = text(
     """
 )
 
-# Jobs that ended while their status still shows them queued or running (the partial index
-# ix_status_reports_open), oldest first.
-SELECT_ENDED_OPEN = text(
+# Ended jobs whose final status is owed (the outbox a trigger on review_jobs fills when a job
+# ends; a Re-run marks its row `republish`), oldest end first.
+SELECT_OWED = text(
     f"""
     SELECT j.id, j.forge, j.repo, j.number, j.head_sha, j.installation_id, j.project_id,
            j.level, j.state, j.reasons, j.review, j.last_error, j.chunks_total, j.chunks_done,
-           j.enqueued_at, j.request->>'web_url' AS web_url,
+           j.enqueued_at, j.request->>'web_url' AS web_url, o.republish,
            {_REPORT_COLUMNS}
-    FROM status_reports s JOIN review_jobs j ON j.id = s.job_id
-    WHERE s.state <> 'completed'
-      AND j.state IN ('done', 'failed', 'dead', 'superseded', 'cancelled')
+    FROM status_outbox o JOIN review_jobs j ON j.id = o.job_id
+    LEFT JOIN status_reports s ON s.job_id = j.id
+    WHERE j.state IN ('done', 'failed', 'dead', 'superseded', 'cancelled')
     ORDER BY j.finished_at, j.id
     LIMIT :limit
+    """
+)
+
+# The owed status was written (or is not wanted): the job leaves the outbox, unless a Re-run
+# asked again meanwhile.
+SETTLE_OWED = text(
+    "DELETE FROM status_outbox WHERE job_id = :job_id AND republish = CAST(:republish AS boolean)"
+)
+
+# What GitLab holds now on each head (the newest status written there by any job): GitLab
+# refuses transitions its state machine does not allow, whichever job asks.
+SELECT_HEAD_STATES = text(
+    """
+    SELECT DISTINCT ON (s.repo, s.head_sha) s.repo, s.head_sha, s.state, s.conclusion
+    FROM status_reports s
+    WHERE s.forge = :forge AND s.head_sha = ANY(CAST(:shas AS text[]))
+    ORDER BY s.repo, s.head_sha, s.published_at DESC, s.job_id DESC
     """
 )
 
@@ -85,6 +102,9 @@ SELECT_REPORT_BY_EXTERNAL_ID = text(
     WHERE s.forge = :forge AND s.repo = :repo AND s.external_id = :external_id
     """
 )
+
+# The channel the trigger on review_jobs NOTIFYs on every state change.
+STATUS_CHANNEL = "review_bot_status"
 
 # One publisher at a time across processes: a session advisory lock held during a pass.
 TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)")

@@ -33,7 +33,8 @@ class StatusFacts:
     reasons: tuple[str, ...] = ()
     start_at: datetime | None = None
     review_url: str | None = None
-    counts: Mapping[str, int] | None = None
+    counts: Mapping[str, int] | None = None  # findings open on the head, by severity
+    new_findings: int | None = None  # of which this review said first (None: not known)
     review_summary: str | None = None
     error: str | None = None
     neutral_at: str = "major"
@@ -122,13 +123,16 @@ def _completed(report: StatusReport, facts: StatusFacts) -> StatusText:
         return StatusText(_shorten(title, 200), title, _shorten(title))
     total = sum(int(value) for value in facts.counts.values())
     serious = findings_at_or_above(facts.counts, facts.neutral_at)
+    open_word = "open " if facts.new_findings is not None else ""
     if total == 0:
-        title = "Reviewed: no findings"
+        title = f"Reviewed: no {open_word}findings"
     else:
         tally = ", ".join(
             f"{facts.counts[name]} {name}" for name in SEVERITIES if facts.counts.get(name)
         )
-        title = f"Reviewed: {total} finding{'s' if total != 1 else ''} ({tally})"
+        title = f"Reviewed: {total} {open_word}finding{'s' if total != 1 else ''} ({tally})"
+    if facts.new_findings is not None and (facts.new_findings or total):
+        title += f" · {facts.new_findings} new"
     lines = [f"**{title}**", ""]
     if serious:
         lines.append(f"{serious} at {facts.neutral_at} or above: see the review.")
