@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bot.database_url import normalize_database_url
 from bot.errors import ConfigError
-from bot.model import SEVERITIES, Level
+from bot.model import DEFAULT_CONTEXT_TOKENS, SEVERITIES, Level
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_POLICY_DIR = REPO_ROOT / "policies"
@@ -155,6 +155,8 @@ class Settings:
     llm_timeout_s: float = 600.0
     # Answer tokens asked for per chunk (the chunk budget leaves room for them).
     llm_max_tokens: int = 1024
+    # Prompt tokens per chunk for the PR's title, description and code context (0: none).
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
     # vLLM's constrained decoding keeps even small models to the output contract.
     llm_response_format: str | None = "json_schema"
     max_body_bytes: int = 25 * 1024 * 1024
@@ -389,6 +391,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         llm_pass_priority=_bool(env, "REVIEW_BOT_LLM_PRIORITY", True),
         llm_timeout_s=_float(env, "REVIEW_BOT_LLM_TIMEOUT_S", 600.0),
         llm_max_tokens=_positive_int(env, "REVIEW_BOT_LLM_MAX_TOKENS", 1024),
+        context_tokens=_non_negative_int(env, "REVIEW_BOT_CONTEXT_TOKENS", DEFAULT_CONTEXT_TOKENS),
         llm_response_format=_response_format(env.get("REVIEW_BOT_LLM_RESPONSE_FORMAT")),
         max_body_bytes=_int(env, "REVIEW_BOT_MAX_BODY_BYTES", 25 * 1024 * 1024),
         admin_token=_secret(env, "REVIEW_BOT_ADMIN_TOKEN"),

@@ -89,7 +89,8 @@ async def served_line_budget(settings: Settings, *, ceiling: int = DEFAULT_LINE_
             budget = chunk_line_budget(
                 info.max_model_len,
                 max_tokens=settings.llm_max_tokens,
-                fixed_prompt_tokens=fixed_prompt_tokens(),
+                # The title, description and code context take at most their allowance.
+                fixed_prompt_tokens=fixed_prompt_tokens() + settings.context_tokens,
                 ceiling=ceiling,
             )
             log.info(

@@ -80,10 +80,17 @@ class FileChange:
     patch: str | None = None  # unified diff hunks; None for binary or too-large files
     status: str = "modified"
     previous_path: str | None = None
+    blob_sha: str | None = None  # the file's blob at the head, when the forge lists it
 
     @property
     def changed_lines(self) -> int:
         return self.additions + self.deletions
+
+
+# Characters of a pull request's description kept with its job (the prompt shows less).
+MAX_DESCRIPTION_CHARS = 4000
+# Prompt tokens a chunk keeps for the pull request's title, description and code context.
+DEFAULT_CONTEXT_TOKENS = 1536
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +121,8 @@ class ReviewRequest:
     web_url: str | None = None
     delivery_id: str | None = None
     depends_on_refs: tuple[str, ...] = ()
+    # The author's description (untrusted text; the prompt fences it), cut at intake.
+    description: str = ""
 
     @property
     def changed_lines(self) -> int | None:

@@ -70,6 +70,7 @@ def build_pipeline(
             build_request=build_request,
             instructions=instructions,
             max_tokens=answer_tokens,
+            context_tokens=planned.context_tokens,
         ),
         settings=dispatcher,
         clock=clock,

@@ -95,7 +95,9 @@ def start_dispatcher(
         backend=backend,
         clock=clock,
         dispatcher=dispatching,
-        planning=PlanningSettings(lease_s=lease_s, line_budget=line_budget),
+        planning=PlanningSettings(
+            lease_s=lease_s, line_budget=line_budget, context_tokens=settings.context_tokens
+        ),
         posting=PostingSettings(lease_s=lease_s),
         metrics=metrics,
         quiet=quiet_posting(settings, store),

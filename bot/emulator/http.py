@@ -141,7 +141,9 @@ def invalid_request(message: str) -> Reply:
 
 
 def define_route(name: str, method: str, template: str, handler: Handler, forge: Forge) -> Route:
-    pattern = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", template)
+    # {name} is one path segment, {+name} any number of them (a file path).
+    pattern = re.sub(r"\{\+(\w+)\}", r"(?P<\1>.+)", template)
+    pattern = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
     return Route(name, method, re.compile(f"^{pattern}$"), handler, forge)
 
 

@@ -10,11 +10,13 @@ import base64
 import difflib
 import hashlib
 import itertools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from bot.diff import parse_hunks
 from bot.emulator.github_json import github_file, github_user
 from bot.emulator.gitlab import gitlab_pull_of
 from bot.emulator.http import (
@@ -200,11 +202,51 @@ def _blob_sha(text: str) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def text_from_patch(patch: str) -> str:
+    """A file as a patch shows its new side: each added or unchanged line at its number, the
+    lines no hunk shows left blank (the emulator knows nothing else of them)."""
+    lines: dict[int, str] = {}
+    for hunk in parse_hunks(patch):
+        for line in hunk.lines:
+            if line.new_line is not None:
+                lines[line.new_line] = line.text
+    if not lines:
+        return ""
+    return "".join(f"{lines.get(number, '')}\n" for number in range(1, max(lines) + 1))
+
+
+def file_at(state: EmulatorState, repo: str, path: str, ref: str | None) -> str | None:
+    """A repository file at `ref`: a commit with a whole tree, the head of a seeded pull
+    request (its new side, from the patch), or the default branch for a branch name (or
+    none); None when the file or the commit is not there."""
+    history = history_of(state)
+    if ref and ref in history.commits:
+        return history.commits[ref].tree.get(path)
+    if ref:
+        for pull in state.pulls.values():
+            if pull.repo != repo:
+                continue
+            for version in pull.versions:
+                if version.head_sha != ref:
+                    continue
+                change = next((item for item in version.files if item.path == path), None)
+                if change is None or change.status == "removed" or not change.patch:
+                    return None
+                return text_from_patch(change.patch)
+        if SHA.fullmatch(ref):
+            return None
+    return history.default_trees.get(repo, {}).get(path)
+
+
 async def _github_contents(ctx: Context) -> Any:
     repo = f"{ctx.params['owner']}/{ctx.params['repo']}"
     check_repo_token(ctx, repo)
     path = ctx.params["path"]
-    text = history_of(ctx.state).default_trees.get(repo, {}).get(path)
+    ref = ctx.request.query.get("ref")
+    text = file_at(ctx.state, repo, path, ref)
     if text is None:
         raise github_error(404, "Not Found")
     sha = _blob_sha(text)
@@ -212,7 +254,7 @@ async def _github_contents(ctx: Context) -> Any:
     links = {
         "self": f"{api}/contents/{path}",
         "git": f"{api}/git/blobs/{sha}",
-        "html": f"https://github.com/{repo}/blob/main/{path}",
+        "html": f"https://github.com/{repo}/blob/{ref or 'main'}/{path}",
     }
     return {
         "type": "file",
@@ -225,7 +267,7 @@ async def _github_contents(ctx: Context) -> Any:
         "url": links["self"],
         "git_url": links["git"],
         "html_url": links["html"],
-        "download_url": f"https://raw.githubusercontent.com/{repo}/main/{path}",
+        "download_url": f"https://raw.githubusercontent.com/{repo}/{ref or 'main'}/{path}",
         "_links": links,
     }
 
@@ -236,7 +278,7 @@ async def _gitlab_file(ctx: Context) -> Any:
     if not ref:
         raise Reply(400, {"error": "ref is missing"})
     path = ctx.params["file_path"]
-    text = history_of(ctx.state).default_trees.get(repo, {}).get(path)
+    text = file_at(ctx.state, repo, path, ref)
     if text is None:
         raise Reply(404, {"message": "404 File Not Found"})
     data = text.encode()
@@ -468,7 +510,7 @@ async def _gitlab_resolve_discussion(ctx: Context) -> Any:
 
 QUIET_ROUTES: tuple[Route, ...] = (
     define_route(
-        "github.contents", "GET", f"{GITHUB_REPO}/contents/{{path}}", _github_contents, "github"
+        "github.contents", "GET", f"{GITHUB_REPO}/contents/{{+path}}", _github_contents, "github"
     ),
     define_route(
         "gitlab.file",

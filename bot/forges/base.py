@@ -67,6 +67,9 @@ class PullChanges:
     files: tuple[FileChange, ...]
     truncated: bool = False  # the forge listed fewer files than the change has
     total_files: int | None = None
+    # The title and description as the forge holds them now (None: not read with the diff).
+    title: str | None = None
+    description: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +117,11 @@ class RetryPolicy:
     max_delay_s: float = 60.0
 
 
+# Reads for a review's context are worth one retry, not a planning delay: the review goes on
+# without them.
+READ_RETRY = RetryPolicy(attempts=2, base_delay_s=0.5, max_delay_s=2.0)
+
+
 class ForgeClient(Protocol):
     """The forge operations the dispatcher, poster and command handler use."""
 
@@ -128,6 +136,18 @@ class ForgeClient(Protocol):
         project_id: int | None = None,
         installation_id: int | None = None,
     ) -> PullChanges: ...
+
+    async def read_file_at(
+        self,
+        repo: str,
+        path: str,
+        *,
+        ref: str,
+        blob_sha: str | None = None,
+        project_id: int | None = None,
+        installation_id: int | None = None,
+    ) -> str | None:
+        """A file's text at commit `ref`; None when it is not there or not text."""
 
     async def find_posted_review(
         self, repo: str, number: int, marker: str

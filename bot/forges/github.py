@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from bot.errors import ConfigError, ForgeError, ForgeNotFound
 from bot.forges.base import (
     MAX_FILES,
     PERMISSIONS,
+    READ_RETRY,
     Clock,
     ContentLimiter,
     ForgeCredentialsExpired,
@@ -36,6 +38,7 @@ from bot.forges.base import (
     retry_forge_call,
     utc_now,
 )
+from bot.forges.blobs import BlobCache, decode_text
 from bot.forges.statuses import (
     GITHUB_DESCRIPTION_LIMIT,
     STATUS_NAME,
@@ -44,7 +47,7 @@ from bot.forges.statuses import (
     github_commit_state,
     shorten,
 )
-from bot.model import FileChange
+from bot.model import MAX_DESCRIPTION_CHARS, FileChange
 from bot.retry import parse_retry_after
 
 logger = logging.getLogger(__name__)
@@ -139,6 +142,7 @@ class GitHubClient:
         self._installation_tokens: dict[int, _InstallationToken] = {}
         self._installations: dict[str, int] = {}
         self.tokens_issued = 0
+        self.blobs = BlobCache()
 
     # -- auth ------------------------------------------------------------------------------
 
@@ -213,8 +217,10 @@ class GitHubClient:
         installation_id: int | None = None,
         creates_content: bool = False,
         recheck: Callable[[], Awaitable[T | None]] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> T:
-        """Run one API operation with auth, pacing, error translation and retries."""
+        """Run one API operation with auth, pacing, error translation and retries (the
+        client's retry policy unless `retry` is given)."""
         attempts = 0
         refreshed = False
 
@@ -247,7 +253,11 @@ class GitHubClient:
                 self._limiter.delay_key(self._limit_key(repo), exc.retry_after)
 
         return await retry_forge_call(
-            attempt, sleep=self._sleep, policy=self._retry, action=action, on_retry=on_retry
+            attempt,
+            sleep=self._sleep,
+            policy=retry or self._retry,
+            action=action,
+            on_retry=on_retry,
         )
 
     def _forget_installation_token(self, repo: str) -> None:
@@ -309,7 +319,51 @@ class GitHubClient:
             files=tuple(file_change_from_github(item) for item in items),
             truncated=total > len(items),
             total_files=total,
+            title=str(pull.get("title") or ""),
+            description=str(pull.get("body") or "")[:MAX_DESCRIPTION_CHARS],
         )
+
+    async def read_file_at(
+        self,
+        repo: str,
+        path: str,
+        *,
+        ref: str,
+        blob_sha: str | None = None,
+        project_id: int | None = None,
+        installation_id: int | None = None,
+    ) -> str | None:
+        """A file's text at commit `ref` (contents API), from the cache when `blob_sha` is
+        known; None when it is not there, binary or too large. Raises ForgeError."""
+        cached = self.blobs.get(blob_sha)
+        if cached is not None:
+            return cached
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "path": path, "ref": ref}
+
+        async def read(token: str) -> Any:
+            return await self._api.getitem(
+                "/repos/{owner}/{repo}/contents/{+path}{?ref}", url_vars, oauth_token=token
+            )
+
+        try:
+            answer = await self._call(
+                "read_file", read, repo=repo, installation_id=installation_id, retry=READ_RETRY
+            )
+        except ForgeNotFound:
+            return None
+        if not isinstance(answer, dict) or answer.get("type") != "file":
+            return None  # a directory, a submodule or a symlink out of the repository
+        if answer.get("encoding") != "base64":
+            return None  # over 1 MB: GitHub sends no content in this media type
+        try:
+            data = base64.b64decode(str(answer.get("content") or ""))
+        except ValueError:
+            return None
+        text = decode_text(data)
+        if text is not None:
+            self.blobs.put(str(answer.get("sha") or blob_sha or ""), text)
+        return text
 
     async def _explain_not_found(
         self, repo: str, number: int, error: ForgeNotFound, *, what: str
@@ -618,6 +672,7 @@ def file_change_from_github(item: dict[str, Any]) -> FileChange:
         patch=str(patch) if patch else None,
         status=str(item.get("status") or "modified"),
         previous_path=item.get("previous_filename"),
+        blob_sha=str(item["sha"]) if item.get("sha") else None,
     )
 
 

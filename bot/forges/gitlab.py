@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import quote
@@ -17,6 +19,7 @@ import requests
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     MAX_FILES,
+    READ_RETRY,
     Clock,
     DiffLines,
     ForgePermissionDenied,
@@ -37,6 +40,7 @@ from bot.forges.base import (
     retry_forge_call,
     utc_now,
 )
+from bot.forges.blobs import BlobCache, decode_text
 from bot.forges.statuses import (
     GITLAB_DESCRIPTION_LIMIT,
     STATUS_NAME,
@@ -51,6 +55,8 @@ from bot.retry import parse_retry_after
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Blob ids remembered by (project, commit, path), the oldest forgotten first.
+MAX_BLOB_IDS = 20_000
 
 # GitLab award emoji names for the reactions the bot uses.
 AWARD_NAMES: Mapping[str, str] = {
@@ -124,6 +130,9 @@ class GitLabClient:
         self._old_paths: dict[tuple[str, int, str], dict[str, str]] = {}
         # GitLab before 15.7 has no /merge_requests/:iid/diffs: read /changes there instead
         self._diffs_endpoint = True
+        self.blobs = BlobCache()
+        # (project, commit, path) -> blob id of the files read at a commit
+        self._blob_ids: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 
     def _remember_headers(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
         # GitlabHttpError drops the headers; keep them per thread to read Retry-After.
@@ -135,6 +144,7 @@ class GitLabClient:
         operation: Callable[[gitlab.Gitlab], T],
         *,
         recheck: Callable[[], Awaitable[T | None]] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> T:
         """Run a synchronous python-gitlab operation in a thread, translating and retrying.
 
@@ -163,7 +173,9 @@ class GitLabClient:
                     return found
             return await asyncio.to_thread(run)
 
-        return await retry_forge_call(attempt, sleep=self._sleep, policy=self._retry, action=action)
+        return await retry_forge_call(
+            attempt, sleep=self._sleep, policy=retry or self._retry, action=action
+        )
 
     def use_installation(self, repo: str, installation_id: int | None) -> None:
         """GitLab has no App installations: nothing to remember."""
@@ -239,6 +251,55 @@ class GitLabClient:
             truncated=truncated,
             total_files=None if truncated else len(files),
         )
+
+    async def read_file_at(
+        self,
+        repo: str,
+        path: str,
+        *,
+        ref: str,
+        blob_sha: str | None = None,
+        project_id: int | None = None,
+        installation_id: int | None = None,
+    ) -> str | None:
+        """A file's text at commit `ref` (repository files API: content and blob id in one
+        answer), cached by blob id; None when it is not there, binary or too large. Raises
+        ForgeError."""
+        project = self._project(repo, project_id)
+        known = blob_sha or self._blob_ids.get((project, ref, path))
+        cached = self.blobs.get(known)
+        if cached is not None:
+            return cached
+        encoded = quote(path, safe="")
+
+        def read(gl: gitlab.Gitlab) -> dict[str, Any]:
+            return cast(
+                dict[str, Any],
+                gl.http_get(
+                    f"/projects/{project}/repository/files/{encoded}",
+                    query_data={"ref": ref},
+                    obey_rate_limit=False,
+                ),
+            )
+
+        try:
+            answer = await self._call("read_file", read, retry=READ_RETRY)
+        except ForgeNotFound:
+            return None
+        if answer.get("encoding") != "base64":
+            return None
+        try:
+            data = base64.b64decode(str(answer.get("content") or ""))
+        except ValueError:
+            return None
+        text = decode_text(data)
+        blob_id = str(answer.get("blob_id") or "")
+        if text is not None and blob_id:
+            self._blob_ids[(project, ref, path)] = blob_id
+            if len(self._blob_ids) > MAX_BLOB_IDS:
+                self._blob_ids.popitem(last=False)
+            self.blobs.put(blob_id, text)
+        return text
 
     async def _read_diffs(
         self,

@@ -11,7 +11,7 @@ from bot.commands.parse import is_bot_comment, parse_commands
 from bot.errors import WebhookError
 from bot.forges.statuses import STATUS_NAME
 from bot.intake.verify import Delivery
-from bot.model import Command, Forge, ReviewRequest
+from bot.model import MAX_DESCRIPTION_CHARS, Command, Forge, ReviewRequest
 
 KNOWN_BOTS = frozenset(
     {"dependabot", "dependabot-preview", "renovate", "renovate-bot", "renovatebot"}
@@ -155,6 +155,7 @@ def _github_pull_request(payload: Mapping[str, Any], delivery_id: str) -> Normal
         installation_id=_optional(installation, "id", int, path="installation.id"),
         web_url=_optional(pull, "html_url", str, path="pull_request.html_url"),
         delivery_id=delivery_id,
+        description=_description(_optional(pull, "body", str, path="pull_request.body")),
     )
 
 
@@ -291,7 +292,15 @@ def _gitlab_merge_request(payload: Mapping[str, Any], delivery_id: str) -> Norma
         project_id=_optional(project, "id", int, path="project.id"),
         web_url=_optional(attributes, "url", str, path="object_attributes.url"),
         delivery_id=delivery_id,
+        description=_description(
+            _optional(attributes, "description", str, path="object_attributes.description")
+        ),
     )
+
+
+def _description(text: str | None) -> str:
+    """A description as a job keeps it: at most MAX_DESCRIPTION_CHARS characters."""
+    return (text or "")[:MAX_DESCRIPTION_CHARS]
 
 
 def _gitlab_note(payload: Mapping[str, Any], delivery_id: str, *, bot_login: str) -> Normalized:

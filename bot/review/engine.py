@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from bot.diff import commentable_positions, file_lines, file_value
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
-from bot.model import Job
+from bot.model import DEFAULT_CONTEXT_TOKENS, Job
 from bot.review.parse import (
     MAX_BODY_CHARS,
     MAX_FINDINGS_PER_CHUNK,
@@ -19,6 +19,7 @@ from bot.review.parse import (
     build_retry_reminder,
     parse_review,
 )
+from bot.review.prompt_context import SharedContext, shared_context_for
 from bot.review.prompts import build_messages, review_schema
 from bot.review.repo_settings import chunk_instructions
 
@@ -134,6 +135,7 @@ async def review_chunk(
     temperature: float = 0.0,
     max_findings: int = MAX_FINDINGS_PER_CHUNK,
     max_body_chars: int = MAX_BODY_CHARS,
+    shared: SharedContext | None = None,
 ) -> ChunkReview:
     """Review one chunk; bot.errors.LLMError from the backend propagates (the chunk is retried)."""
     files = list(chunk_files)
@@ -152,7 +154,9 @@ async def review_chunk(
     for attempt in (1, 2):
         attempts = attempt
         request = LLMRequest(
-            messages=build_messages(files, instructions=instructions, reminder=reminder),
+            messages=build_messages(
+                files, instructions=instructions, reminder=reminder, shared=shared
+            ),
             max_tokens=max_tokens,
             temperature=temperature,
             priority=int(level),
@@ -229,9 +233,11 @@ def chunk_reviewer(
     build_request: RequestBuilder = default_request,
     instructions: str | None = None,
     max_tokens: int = 1024,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> ChunkReviewer:
     """What the dispatcher runs for a leased chunk: prompt, call and parse it (one stricter
-    retry on malformed output), with the server's and the repository's instructions, on the
+    retry on malformed output), with the server's and the repository's instructions, the
+    pull request's title, description and code context within `context_tokens`, on the
     engine (LLM server) the chunk's lease names when there is one."""
 
     async def review(job: Job | None, leased: Leased, engine: str | None = None) -> ChunkReview:
@@ -247,6 +253,7 @@ def chunk_reviewer(
             metadata=metadata,
             instructions=chunk_instructions(job, chunk.files, instructions),
             max_tokens=max_tokens,
+            shared=shared_context_for(job, chunk.files, budget_tokens=context_tokens),
         )
 
     return review

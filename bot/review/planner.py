@@ -12,11 +12,19 @@ from typing import Any, Literal
 
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import ForgeClient, PullChanges
-from bot.model import ChunkPlan, Job, JobState, PolicyDecision, ReviewRequest
+from bot.model import (
+    DEFAULT_CONTEXT_TOKENS,
+    ChunkPlan,
+    Job,
+    JobState,
+    PolicyDecision,
+    ReviewRequest,
+)
 from bot.policy import PolicyBook, evaluate
 from bot.queue.store import QueueStore, request_from_json
 from bot.review.assemble import classify_skipped_file
 from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET, plan_chunks
+from bot.review.context_fetch import files_to_read, read_sources, with_contexts
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.narrow import ReviewScope
 from bot.sched.mlfq import SchedulingPolicy, ServiceEstimator, queue_ranks, rank_chunks
@@ -44,6 +52,9 @@ class PlanningSettings:
     max_backoff_s: float = 900.0
     # Planning claims a job for this long (the lease): a planner that dies loses it after.
     lease_s: float = 300.0
+    # Prompt tokens each chunk keeps for the title, description and code context; 0 reads no
+    # file for context.
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
     owner: str = field(default_factory=lambda: f"planner-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
     @classmethod
@@ -233,6 +244,18 @@ async def plan_one_job(
         )
         return PlanningOutcome(job.id, "cancelled", detail=reason)
     details = plan.details
+    if changes.title is not None:
+        details["title"] = changes.title
+    if changes.description is not None:
+        details["description"] = changes.description
+    if settings.context_tokens > 0 and plan.chunks:
+        reads = await read_sources(client, job, changes, files_to_read(plan.chunks))
+        plan = replace(plan, chunks=with_contexts(plan.chunks, reads.sources))
+        details["context_reads"] = {
+            "requested": reads.requested,
+            "read": len(reads.sources),
+            "failed": reads.failed,
+        }
     if scope is not None:
         details = {**details, **scope.details}
         if scope.level_note and plan.decision is not None:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from bot.diff import CONTROL, clean_path, fence_for
 from bot.llm.vllm_metrics import prompt_tokens_estimate
+from bot.model import Job
 
 MAX_TITLE_CHARS = 256
 # Longer descriptions are cut before any budgeting (release notes, pasted logs).
@@ -288,6 +289,18 @@ def fit_shared_context(
     return SharedContext(title="", description="", dropped=state.dropped, budget=budget_tokens)
 
 
+def shared_context_for(
+    job: Job | None, files: Iterable[Mapping[str, Any] | Any], *, budget_tokens: int
+) -> SharedContext | None:
+    """A chunk's shared part from its job (title, description) and its files' stored
+    contexts, fitted to `budget_tokens`; None without a job or an allowance."""
+    if job is None or budget_tokens <= 0:
+        return None
+    title = str(job.request.get("title") or job.title or "")
+    description = str(job.request.get("description") or "")
+    return fit_shared_context(title, description, file_contexts(files), budget_tokens=budget_tokens)
+
+
 __all__ = [
     "BEGIN_CONTEXT",
     "BEGIN_PULL_REQUEST",
@@ -301,4 +314,5 @@ __all__ = [
     "file_contexts",
     "fit_shared_context",
     "render_file_context",
+    "shared_context_for",
 ]

@@ -109,6 +109,19 @@ class InMemoryForge:
         except KeyError:
             raise ForgeNotFound(f"{self.forge} {repo}#{number} is not known") from None
 
+    async def read_file_at(
+        self,
+        repo: str,
+        path: str,
+        *,
+        ref: str,
+        blob_sha: str | None = None,
+        project_id: int | None = None,
+        installation_id: int | None = None,
+    ) -> str | None:
+        """A trace carries no file contents: none is ever found."""
+        return None
+
     async def find_posted_review(self, repo: str, number: int, marker: str) -> PostedReview | None:
         """A review posted on this change whose body carries `marker`."""
         for review in self._posted_on.get((repo, number), ()):
