@@ -198,6 +198,9 @@ class Job:
     depends_on: tuple[int, ...] = ()
     planned: bool = False
     request: Mapping[str, Any] = field(default_factory=dict)
+    # The attempt numbers of the job's planning and posting claims (fencing tokens).
+    planning_attempt: int = 0
+    posting_attempt: int = 0
 
 
 @dataclass(slots=True)
@@ -219,3 +222,4 @@ class Chunk:
     gpu_seconds: float | None = None
     result: Mapping[str, Any] | None = None
     last_error: str | None = None
+    lease_attempt: int = 0  # the lease's fencing token: grows on every lease

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
+from datetime import datetime
 
 import asyncpg
 from alembic.autogenerate import compare_metadata
@@ -107,3 +109,51 @@ async def test_replicas_migrating_together_all_succeed(empty_db_url: str) -> Non
         err.decode()[-2000:] for _, err in outputs
     ]
     assert await _tables(empty_db_url) >= TABLES
+
+
+async def test_fencing_migrations_keep_claims_in_flight(db_url: str) -> None:
+    """Claims held while 0018/0019 run move from the jsonb into columns and back, unchanged."""
+    await downgrade_database(db_url, "0013_operations")
+    conn = await asyncpg.connect(plain_url(db_url))
+    try:
+        job_id = await conn.fetchval(
+            """
+            INSERT INTO review_jobs (forge, repo, number, head_sha, base_level, level, state,
+                                     dedupe_key, enqueued_at, last_progress_at, planned,
+                                     chunks_total, request)
+            VALUES ('github', 'acme/shop', 1, 'abc', 2, 2, 'running', 'k1', now(), now(), true,
+                    1, jsonb_build_object('posting_by', 'poster-1',
+                                          'posting_until', '2026-12-04T18:00:00+00:00',
+                                          'title', 'kept'))
+            RETURNING id
+            """
+        )
+        await conn.execute(
+            """
+            INSERT INTO review_chunks (job_id, seq, level, state, available_at, lease_owner,
+                                       lease_expires_at, attempts)
+            VALUES ($1, 0, 2, 'running', now(), 'w-1', now(), 2)
+            """,
+            job_id,
+        )
+        await upgrade_database(db_url, "0018_fencing")
+        row = await conn.fetchrow("SELECT * FROM review_jobs WHERE id = $1", job_id)
+        assert row["posting_by"] == "poster-1" and row["posting_attempt"] == 1
+        assert row["posting_until"].isoformat() == "2026-12-04T18:00:00+00:00"
+        assert row["planning_by"] is None and row["planning_attempt"] == 0
+        chunk = await conn.fetchrow("SELECT * FROM review_chunks WHERE job_id = $1", job_id)
+        assert chunk["lease_attempt"] == 2 and chunk["lease_owner"] == "w-1"
+        await upgrade_database(db_url)
+        request = json.loads(
+            await conn.fetchval("SELECT request FROM review_jobs WHERE id = $1", job_id)
+        )
+        assert request == {"title": "kept"}
+        await downgrade_database(db_url, "0013_operations")
+        request = json.loads(
+            await conn.fetchval("SELECT request FROM review_jobs WHERE id = $1", job_id)
+        )
+        assert request["posting_by"] == "poster-1" and request["title"] == "kept"
+        assert datetime.fromisoformat(request["posting_until"]) == row["posting_until"]
+        await upgrade_database(db_url)
+    finally:
+        await conn.close()

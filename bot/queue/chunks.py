@@ -137,8 +137,10 @@ class ChunkLeases(JobRecords):
         now: datetime,
         gpu_seconds: float,
         result: Mapping[str, Any],
+        attempt: int | None = None,
     ) -> ChunkOutcome:
-        """Store a chunk's result; raises LeaseLost when `owner` no longer holds it."""
+        """Store a chunk's result; raises LeaseLost when `owner` (as lease `attempt`, when
+        given) no longer holds it."""
         async with self.connector.single_statement() as conn:
             job = (
                 await conn.execute(
@@ -149,6 +151,7 @@ class ChunkLeases(JobRecords):
                         "now": now,
                         "gpu_seconds": gpu_seconds,
                         "result": to_json(result),
+                        "attempt": attempt,
                     },
                 )
             ).first()
@@ -170,13 +173,15 @@ class ChunkLeases(JobRecords):
         now: datetime,
         error: str,
         retryable: bool = True,
+        attempt: int | None = None,
     ) -> ChunkOutcome:
         """Count a failed attempt: retry after a backoff, or end the chunk and its job dead."""
         error = error[:4000]
         async with self.connector.transaction() as conn:
             attempts_row = (
                 await conn.execute(
-                    chunks_sql.LOCK_LEASED_CHUNK, {"chunk_id": chunk_id, "owner": owner}
+                    chunks_sql.LOCK_LEASED_CHUNK,
+                    {"chunk_id": chunk_id, "owner": owner, "attempt": attempt},
                 )
             ).first()
             if attempts_row is None:
@@ -195,6 +200,7 @@ class ChunkLeases(JobRecords):
                         "error": error,
                         "max_attempts": self.settings.max_attempts,
                         "retryable": retryable,
+                        "attempt": attempt,
                     },
                 )
             ).first()
@@ -204,7 +210,13 @@ class ChunkLeases(JobRecords):
             row = (
                 await conn.execute(
                     chunks_sql.KILL_CHUNK,
-                    {"chunk_id": chunk_id, "owner": owner, "now": now, "error": error},
+                    {
+                        "chunk_id": chunk_id,
+                        "owner": owner,
+                        "now": now,
+                        "error": error,
+                        "attempt": attempt,
+                    },
                 )
             ).one()
             await self._kill_job(conn, row.job_id, now=now, error=error, actor=owner)
@@ -218,6 +230,7 @@ class ChunkLeases(JobRecords):
         now: datetime,
         reason: str | None = None,
         gpu_seconds: float = 0.0,
+        attempt: int | None = None,
     ) -> bool:
         """Give back a chunk this worker holds but will not finish (shutdown, preemption).
 
@@ -229,7 +242,13 @@ class ChunkLeases(JobRecords):
             row = (
                 await conn.execute(
                     chunks_sql.RELEASE_CHUNK,
-                    {"chunk_id": chunk_id, "owner": owner, "now": now, "used_s": used_s},
+                    {
+                        "chunk_id": chunk_id,
+                        "owner": owner,
+                        "now": now,
+                        "used_s": used_s,
+                        "attempt": attempt,
+                    },
                 )
             ).first()
             if row is not None and used_s > 0:

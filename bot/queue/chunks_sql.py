@@ -86,7 +86,8 @@ FETCH_CHUNK = _sql(
     leased AS (
         UPDATE review_chunks c
         SET state = 'running', lease_owner = :owner, lease_expires_at = :lease_expires_at,
-            started_at = :now, attempts = c.attempts + 1, engine = :engine
+            started_at = :now, attempts = c.attempts + 1, engine = :engine,
+            lease_attempt = c.lease_attempt + 1
         FROM candidate
         WHERE c.id = candidate.id
         RETURNING c.*
@@ -121,7 +122,8 @@ HEARTBEAT = _sql(
 )
 
 # Finish a chunk the caller holds and count it against its job (progress, GPU time, GPU time
-# at this level), in one statement; no row means the lease was lost.
+# at this level), in one statement; no row means the lease was lost. The lease's attempt
+# (its fencing token) must match too: the same process may hold the chunk again by now.
 FINISH_CHUNK = _sql(
     """
     WITH finished AS (
@@ -132,6 +134,7 @@ FINISH_CHUNK = _sql(
             -- lease_owner stays: it records which worker ran the chunk (report_workers)
             result = CAST(:result AS jsonb), lease_expires_at = NULL
         WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+          AND (CAST(:attempt AS integer) IS NULL OR lease_attempt = :attempt)
         RETURNING job_id
     )
     UPDATE review_jobs j
@@ -151,6 +154,7 @@ RETRY_CHUNK = _sql(
     SET state = 'queued', available_at = :available_at, last_error = :error,
         lease_owner = NULL, lease_expires_at = NULL, started_at = NULL
     WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+      AND (CAST(:attempt AS integer) IS NULL OR lease_attempt = :attempt)
       AND attempts < :max_attempts AND :retryable
     RETURNING job_id
     """
@@ -163,6 +167,7 @@ KILL_CHUNK = _sql(
     SET state = 'dead', finished_at = :now, last_error = :error,
         lease_owner = NULL, lease_expires_at = NULL
     WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+      AND (CAST(:attempt AS integer) IS NULL OR lease_attempt = :attempt)
     RETURNING job_id
     """
 )
@@ -177,6 +182,7 @@ RELEASE_CHUNK = _sql(
         gpu_seconds = CASE WHEN :used_s > 0 THEN COALESCE(gpu_seconds, 0) + :used_s
                            ELSE gpu_seconds END
     WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+      AND (CAST(:attempt AS integer) IS NULL OR lease_attempt = :attempt)
     RETURNING job_id
     """
 )
@@ -220,5 +226,6 @@ SELECT_CHUNK_LINES = _sql("SELECT lines FROM review_chunks WHERE job_id = :job_i
 # The attempts of a chunk the caller holds, locked while its failure is decided.
 LOCK_LEASED_CHUNK = _sql(
     "SELECT attempts FROM review_chunks WHERE id = :chunk_id AND lease_owner = :owner"
-    " AND state = 'running' FOR UPDATE"
+    " AND state = 'running' AND (CAST(:attempt AS integer) IS NULL OR lease_attempt = :attempt)"
+    " FOR UPDATE"
 )

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.diff import Side
 from bot.queue import findings_sql as sql
 from bot.queue.connector import database_errors
+from bot.queue.records import NO_FENCE, Fence
 
 FindingState = Literal["open", "resolved"]
 
@@ -111,8 +112,10 @@ class FindingStore:
         *,
         job_id: int,
         now: datetime,
+        fence: Fence | None = None,
     ) -> None:
-        """Record findings as open (idempotent: a retry of the same review changes nothing)."""
+        """Record findings as open (idempotent: a retry of the same review changes nothing);
+        with a `fence`, only while that posting attempt holds the job's claim."""
         if not findings:
             return
         payload = json.dumps(
@@ -133,19 +136,38 @@ class FindingStore:
         )
         await self._rows(
             sql.UPSERT_FINDINGS,
-            {**pull.params, "findings": payload, "job_id": job_id, "now": now},
+            {
+                **pull.params,
+                "findings": payload,
+                "job_id": job_id,
+                "now": now,
+                **(fence.params if fence is not None else NO_FENCE),
+            },
         )
 
     async def resolve(
-        self, pull: PullRef, fingerprints: Iterable[str], *, job_id: int, now: datetime
+        self,
+        pull: PullRef,
+        fingerprints: Iterable[str],
+        *,
+        job_id: int,
+        now: datetime,
+        fence: Fence | None = None,
     ) -> list[str]:
-        """Mark open findings resolved; returns the ones this call resolved."""
+        """Mark open findings resolved; returns the ones this call resolved (none when the
+        posting attempt `fence` no longer holds the job's claim)."""
         wanted = sorted(set(fingerprints))
         if not wanted:
             return []
         rows = await self._rows(
             sql.RESOLVE_FINDINGS,
-            {**pull.params, "fingerprints": wanted, "job_id": job_id, "now": now},
+            {
+                **pull.params,
+                "fingerprints": wanted,
+                "job_id": job_id,
+                "now": now,
+                **(fence.params if fence is not None else NO_FENCE),
+            },
         )
         return [row.fingerprint for row in rows]
 

@@ -20,6 +20,7 @@ SELECT_FINDINGS_OF_PULL = _sql(
 
 # Record findings a review said (or said again after their code came back): open, with the
 # job that said them last; a discussion id already known is kept when the new one is unknown.
+# With a fence, nothing is recorded unless that posting attempt still holds the job's claim.
 UPSERT_FINDINGS = _sql(
     """
     INSERT INTO review_findings (forge, repo, number, fingerprint, path, line, side, severity,
@@ -31,6 +32,10 @@ UPSERT_FINDINGS = _sql(
     FROM jsonb_to_recordset(CAST(:findings AS jsonb)) AS item(
         fingerprint text, path text, line int, side text, severity text, body text,
         anchor_text text, inline boolean, forge_ref text)
+    WHERE CAST(:fence_owner AS text) IS NULL
+       OR EXISTS (SELECT 1 FROM review_jobs j
+                       WHERE j.id = :job_id AND j.state = 'running'
+                         AND j.posting_by = :fence_owner AND j.posting_attempt = :fence_attempt)
     ON CONFLICT (forge, repo, number, fingerprint) DO UPDATE
     SET state = 'open', resolved_at = NULL, line = EXCLUDED.line, last_job_id = :job_id,
         inline = review_findings.inline OR EXCLUDED.inline,
@@ -39,13 +44,17 @@ UPSERT_FINDINGS = _sql(
     """
 )
 
-# Findings whose code is gone: resolved by the review that noticed.
+# Findings whose code is gone: resolved by the review that noticed (fenced like the upsert).
 RESOLVE_FINDINGS = _sql(
     """
     UPDATE review_findings
     SET state = 'resolved', resolved_at = :now, updated_at = :now, last_job_id = :job_id
     WHERE forge = :forge AND repo = :repo AND number = :number
       AND fingerprint = ANY(CAST(:fingerprints AS text[])) AND state = 'open'
+      AND (CAST(:fence_owner AS text) IS NULL
+           OR EXISTS (SELECT 1 FROM review_jobs j
+                       WHERE j.id = :job_id AND j.state = 'running'
+                         AND j.posting_by = :fence_owner AND j.posting_attempt = :fence_attempt))
     RETURNING fingerprint
     """
 )
@@ -90,8 +99,8 @@ SELECT_REVIEW_UNDERWAY = _sql(
 PLAN_LATER = _sql(
     """
     UPDATE review_jobs
-    SET request = (request - 'planning_by' - 'planning_until')
-                  || jsonb_build_object('retry_at', CAST(:retry_at AS text))
+    SET request = request || jsonb_build_object('retry_at', CAST(:retry_at AS text)),
+        planning_until = NULL
     WHERE id = :job_id AND NOT planned
     """
 )

@@ -16,7 +16,7 @@ from bot.queue import chunks_sql, jobs_sql
 from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, to_json
 from bot.queue.history import write_history
 from bot.queue.levels import JobLevels
-from bot.queue.records import SubmitResult, job_from_row
+from bot.queue.records import NO_FENCE, Fence, SubmitResult, job_from_row
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ class JobRecords(JobLevels):
                         "limit": limit,
                         "now": now,
                         "owner": owner,
-                        "until": (now + timedelta(seconds=lease_s)).isoformat(),
+                        "until": now + timedelta(seconds=lease_s),
                     },
                 )
             ).all()
@@ -320,10 +320,12 @@ class JobRecords(JobLevels):
         additions: int | None = None,
         deletions: int | None = None,
         details: Mapping[str, Any] | None = None,
+        fence: Fence | None = None,
     ) -> bool:
         """Store a job's chunks (once); a re-evaluated decision may move its level.
 
         `details` (skipped files, the diff's shas) is merged into the job's stored request.
+        With a `fence`, only while that planning attempt still holds the job's claim.
         """
         ranks = [float(rank)] * len(chunks) if isinstance(rank, int | float) else list(rank)
         plans = [
@@ -342,6 +344,7 @@ class JobRecords(JobLevels):
                         "additions": additions,
                         "deletions": deletions,
                         "details": to_json(dict(details or {})),
+                        **(fence.params if fence is not None else NO_FENCE),
                     },
                 )
             ).first()
@@ -381,8 +384,10 @@ class JobRecords(JobLevels):
         review: Mapping[str, Any] | None = None,
         actor: str = "poster",
         reason: str | None = None,
+        fence: Fence | None = None,
     ) -> bool:
-        """End a live job; dependents waiting for it become ready. False if it had ended."""
+        """End a live job; dependents waiting for it become ready. False if it had ended, or
+        when `fence` (a planning or posting attempt) no longer holds the job's claim."""
         async with self.connector.transaction() as conn:
             ended = (
                 await conn.execute(
@@ -393,6 +398,7 @@ class JobRecords(JobLevels):
                         "now": now,
                         "error": error,
                         "review": to_json(review) if review is not None else None,
+                        **(fence.params if fence is not None else NO_FENCE),
                     },
                 )
             ).first()
@@ -431,6 +437,7 @@ class JobRecords(JobLevels):
                     "now": now,
                     "error": error,
                     "review": None,
+                    **NO_FENCE,
                 },
             )
         ).first()

@@ -52,8 +52,9 @@ SELECT_LIVE_DEPENDENCIES = _sql(
 )
 
 # Claim jobs whose diff has not been fetched and chunked yet, oldest first, for one planner
-# until :until (a lease: a planner that dies loses its jobs to another when it runs out); a
-# job whose last planning try failed waits for its retry time (request->>'retry_at').
+# until :until (a lease: a planner that dies loses its jobs to another when it runs out, and
+# each claim is a new attempt, which fences the one before); a job whose last planning try
+# failed waits for its retry time (request->>'retry_at').
 CLAIM_UNPLANNED_JOBS = _sql(
     """
     WITH candidate AS (
@@ -61,15 +62,14 @@ CLAIM_UNPLANNED_JOBS = _sql(
         WHERE NOT planned AND state IN ('queued', 'waiting')
           AND (request->>'retry_at' IS NULL
                OR CAST(request->>'retry_at' AS timestamptz) <= :now)
-          AND (request->>'planning_until' IS NULL
-               OR CAST(request->>'planning_until' AS timestamptz) <= :now)
+          AND (planning_until IS NULL OR planning_until <= :now)
         ORDER BY level, enqueued_at, id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
     )
     UPDATE review_jobs j
-    SET request = j.request || jsonb_build_object(
-            'planning_by', CAST(:owner AS text), 'planning_until', CAST(:until AS text))
+    SET planning_by = :owner, planning_until = :until,
+        planning_attempt = j.planning_attempt + 1
     FROM candidate
     WHERE j.id = candidate.id
     RETURNING j.*
@@ -84,20 +84,30 @@ MARK_JOB_PLANNED = _sql(
            total_lines = :total_lines, files_changed = COALESCE(:files_changed, files_changed),
            additions = COALESCE(:additions, additions),
            deletions = COALESCE(:deletions, deletions),
-           request = request || CAST(:details AS jsonb),
+           request = request || CAST(:details AS jsonb), planning_until = NULL,
            state = CASE WHEN :chunks_total = 0 AND state = 'queued' THEN 'running' ELSE state END
     WHERE id = :job_id AND NOT planned
+      -- fenced: only the planning attempt that still holds the claim stores its plan
+      AND (CAST(:fence_owner AS text) IS NULL
+           OR (planning_by = :fence_owner AND planning_attempt = :fence_attempt))
     RETURNING id, state
     """
 )
 
-# End a job (done, failed, dead, cancelled) unless it already ended.
+# End a job (done, failed, dead, cancelled) unless it already ended; an ended job holds no
+# claim. With a fence, only while that planning or posting attempt still holds its claim.
 FINISH_JOB = _sql(
     """
     UPDATE review_jobs
     SET state = :state, finished_at = :now, last_error = COALESCE(:error, last_error),
-        review = COALESCE(CAST(:review AS jsonb), review)
+        review = COALESCE(CAST(:review AS jsonb), review),
+        planning_until = NULL, posting_until = NULL
     WHERE id = :job_id AND state IN ('waiting', 'queued', 'running')
+      AND (CAST(:fence_owner AS text) IS NULL
+           OR (:fence_kind = 'planning' AND planning_by = :fence_owner
+               AND planning_attempt = :fence_attempt)
+           OR (:fence_kind = 'posting' AND posting_by = :fence_owner
+               AND posting_attempt = :fence_attempt))
     RETURNING id, state
     """
 )
@@ -193,8 +203,8 @@ SELECT_UNPOSTED_JOBS = _sql(
     WHERE state = 'running' AND planned AND chunks_done >= chunks_total
       AND (CAST(:now AS timestamptz) IS NULL OR request->>'retry_at' IS NULL
            OR CAST(request->>'retry_at' AS timestamptz) <= :now)
-      AND (CAST(:now AS timestamptz) IS NULL OR request->>'posting_until' IS NULL
-           OR CAST(request->>'posting_until' AS timestamptz) <= :now)
+      AND (CAST(:now AS timestamptz) IS NULL OR posting_until IS NULL
+           OR posting_until <= :now)
     ORDER BY level, id LIMIT :limit
     """
 )
@@ -215,17 +225,23 @@ SELECT_QUEUE_POSITION = _sql(
 SET_BASE_LEVEL = _sql("UPDATE review_jobs SET base_level = :level WHERE id = :job_id")
 
 # A planning or posting try failed with a retryable error: count it (per kind, in the request)
-# and set when the next try may start; no row when the job has ended meanwhile.
+# and set when the next try may start, giving the claim back; no row when the job has ended
+# meanwhile, or (with a fence) when that attempt no longer holds its claim.
 DEFER_JOB = _sql(
     """
     UPDATE review_jobs
     SET attempts = attempts + 1, last_error = :error,
-        request = (request || jsonb_build_object(
+        request = request || jsonb_build_object(
             'retry_at', CAST(:retry_at AS text),
             CAST(:counter AS text),
-            COALESCE(CAST(request->>CAST(:counter AS text) AS integer), 0) + 1))
-            - 'posting_until' - 'planning_until'
+            COALESCE(CAST(request->>CAST(:counter AS text) AS integer), 0) + 1),
+        posting_until = NULL, planning_until = NULL
     WHERE id = :job_id AND state IN ('waiting', 'queued', 'running')
+      AND (CAST(:fence_owner AS text) IS NULL
+           OR (:fence_kind = 'planning' AND planning_by = :fence_owner
+               AND planning_attempt = :fence_attempt)
+           OR (:fence_kind = 'posting' AND posting_by = :fence_owner
+               AND posting_attempt = :fence_attempt))
     RETURNING state, CAST(request->>CAST(:counter AS text) AS integer) AS tries
     """
 )
@@ -302,16 +318,25 @@ SUBMIT_NEW_JOB = _sql(
 
 # Claim a finished job for posting until :until, unless another poster's claim is still valid:
 # a completion and a recovery pass (or two processes) never post the same review at once. The
-# claim is a lease: its holder renews it (RENEW_POSTING_CLAIMS); if the holder dies, it runs out.
+# claim is a lease: its holder renews it (RENEW_POSTING_CLAIMS); if the holder dies, it runs out
+# and the next claim is a new attempt, which fences every write of the one before.
 CLAIM_POSTING = _sql(
     """
     UPDATE review_jobs
-    SET request = request || jsonb_build_object(
-            'posting_by', CAST(:owner AS text), 'posting_until', CAST(:until AS text))
+    SET posting_by = :owner, posting_until = :until, posting_attempt = posting_attempt + 1
     WHERE id = :job_id AND state = 'running'
-      AND (request->>'posting_until' IS NULL
-           OR CAST(request->>'posting_until' AS timestamptz) <= :now)
-    RETURNING id
+      AND (posting_until IS NULL OR posting_until <= :now)
+    RETURNING posting_attempt
+    """
+)
+
+# Whether a posting attempt still holds its claim (checked before each forge write).
+POSTING_HELD = _sql(
+    """
+    SELECT 1 FROM review_jobs
+    WHERE id = :job_id AND state = 'running'
+      AND posting_by = :owner AND posting_attempt = :attempt
+    FOR SHARE
     """
 )
 
@@ -320,9 +345,9 @@ CLAIM_POSTING = _sql(
 RENEW_POSTING_CLAIMS = _sql(
     """
     UPDATE review_jobs
-    SET request = request || jsonb_build_object('posting_until', CAST(:until AS text))
+    SET posting_until = :until
     WHERE id = ANY(CAST(:job_ids AS bigint[])) AND state = 'running'
-      AND request->>'posting_by' = :owner
+      AND posting_by = :owner
     RETURNING id
     """
 )

@@ -9,7 +9,7 @@ from bot.model import Job
 from bot.queue import jobs_sql
 from bot.queue.base import StorePart
 from bot.queue.history import write_history
-from bot.queue.records import job_from_row
+from bot.queue.records import NO_FENCE, Fence, job_from_row
 
 
 class PostingClaims(StorePart):
@@ -27,8 +27,9 @@ class PostingClaims(StorePart):
 
     async def claim_posting(
         self, job_id: int, *, owner: str, now: datetime, lease_s: float
-    ) -> bool:
-        """Claim a running job's posting for `lease_s`; False while another poster holds it."""
+    ) -> Fence | None:
+        """Claim a running job's posting for `lease_s`, as a new attempt (its fence); None
+        while another poster holds it."""
         async with self.connector.single_statement() as conn:
             row = (
                 await conn.execute(
@@ -37,8 +38,20 @@ class PostingClaims(StorePart):
                         "job_id": job_id,
                         "owner": owner,
                         "now": now,
-                        "until": (now + timedelta(seconds=lease_s)).isoformat(),
+                        "until": now + timedelta(seconds=lease_s),
                     },
+                )
+            ).first()
+        return None if row is None else Fence("posting", owner, int(row.posting_attempt))
+
+    async def holds_posting(self, job_id: int, fence: Fence) -> bool:
+        """Whether the posting attempt `fence` still holds the job's claim (checked before
+        every forge write that follows from it)."""
+        async with self.connector.transaction() as conn:
+            row = (
+                await conn.execute(
+                    jobs_sql.POSTING_HELD,
+                    {"job_id": job_id, "owner": fence.owner, "attempt": fence.attempt},
                 )
             ).first()
         return row is not None
@@ -56,18 +69,26 @@ class PostingClaims(StorePart):
                     {
                         "job_ids": list(job_ids),
                         "owner": owner,
-                        "until": (now + timedelta(seconds=lease_s)).isoformat(),
+                        "until": now + timedelta(seconds=lease_s),
                     },
                 )
             ).all()
         return len(rows)
 
     async def defer_job(
-        self, job_id: int, *, now: datetime, retry_at: datetime, error: str, kind: str
+        self,
+        job_id: int,
+        *,
+        now: datetime,
+        retry_at: datetime,
+        error: str,
+        kind: str,
+        fence: Fence | None = None,
     ) -> int | None:
         """Count a failed `kind` try (planning, posting) and set its retry time.
 
-        Returns how many `kind` tries failed so far, or None when the job has ended.
+        Returns how many `kind` tries failed so far, or None when the job has ended (or the
+        attempt `fence` no longer holds the job's claim).
         """
         async with self.connector.transaction() as conn:
             row = (
@@ -78,6 +99,7 @@ class PostingClaims(StorePart):
                         "error": error[:4000],
                         "retry_at": retry_at.isoformat(),
                         "counter": f"{kind}_attempts",
+                        **(fence.params if fence is not None else NO_FENCE),
                     },
                 )
             ).first()

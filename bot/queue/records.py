@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.engine import Row
 
@@ -77,6 +77,27 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """A lease as its holder knows it: the holder and the attempt it took it as.
+
+    Every write that follows from the lease lands only while both still match (a fencing
+    token): a process that resumes after its lease was taken over writes nothing.
+    """
+
+    claim: Literal["planning", "posting"]
+    owner: str
+    attempt: int
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The fence as the SQL statements that check it take it."""
+        return {"fence_kind": self.claim, "fence_owner": self.owner, "fence_attempt": self.attempt}
+
+
+NO_FENCE: Mapping[str, Any] = {"fence_kind": None, "fence_owner": None, "fence_attempt": None}
+
+
+@dataclass(frozen=True, slots=True)
 class Leased:
     """A leased chunk, and whether this lease was its job's first start."""
 
@@ -116,6 +137,8 @@ def job_from_row(row: Row[Any]) -> Job:
         depends_on=tuple(data["depends_on"] or ()),
         planned=data["planned"],
         request=data["request"] or {},
+        planning_attempt=int(data.get("planning_attempt") or 0),
+        posting_attempt=int(data.get("posting_attempt") or 0),
     )
 
 
@@ -138,6 +161,7 @@ def chunk_from_row(row: Row[Any]) -> Chunk:
         gpu_seconds=data["gpu_seconds"],
         result=data["result"],
         last_error=data["last_error"],
+        lease_attempt=int(data.get("lease_attempt") or 0),
     )
 
 

@@ -88,6 +88,14 @@ review_jobs = Table(
     Column("request", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("review", JSONB),
     Column("superseded_by", BigInteger),
+    # Planning and posting claims (leases): holder, expiry, and the attempt number that grows
+    # on each takeover; a write that follows from a claim checks holder and attempt (fencing).
+    Column("planning_by", Text),
+    Column("planning_until", DateTime(timezone=True)),
+    Column("planning_attempt", Integer, nullable=False, server_default="0"),
+    Column("posting_by", Text),
+    Column("posting_until", DateTime(timezone=True)),
+    Column("posting_attempt", Integer, nullable=False, server_default="0"),
     CheckConstraint(_in_list("state", JOB_STATES), name="state"),
     CheckConstraint("base_level BETWEEN 0 AND 3 AND level BETWEEN 0 AND 3", name="level"),
     UniqueConstraint("dedupe_key"),
@@ -133,6 +141,9 @@ review_chunks = Table(
     Column("result", JSONB),
     # The engine (LLM server) the chunk's lease runs it on: windows are counted per engine.
     Column("engine", Text),
+    # Grows on every lease and never goes back (unlike `attempts`, which a release returns):
+    # the fencing token a finishing worker must still hold.
+    Column("lease_attempt", Integer, nullable=False, server_default="0"),
     CheckConstraint(_in_list("state", CHUNK_STATES), name="state"),
     UniqueConstraint("job_id", "seq"),
     # Matches the dequeue's ORDER BY within one level, and only covers what can be taken.
@@ -324,4 +335,16 @@ operational_alerts = Table(
         unique=True,
         postgresql_where=text("resolved_at IS NULL"),
     ),
+)
+
+# Created by migration 0018: leases held by one process at a time for the whole service (the
+# status publisher); `attempt` grows on each takeover and fences the holder's writes.
+process_leases = Table(
+    "process_leases",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("attempt", Integer, nullable=False, server_default="1"),
+    Column("acquired_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
 )

@@ -9,6 +9,7 @@ from typing import Literal
 
 from bot.errors import ForgeError
 from bot.model import Job, JobState
+from bot.queue.records import Fence
 from bot.queue.store import QueueStore
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,12 @@ async def defer_or_fail(
     stage: Stage,
     message: str,
     budget: RetryBudget,
+    fence: Fence | None = None,
 ) -> tuple[Literal["deferred", "failed"], str]:
-    """Defer a retryable failure with backoff while tries remain; else end the job failed."""
+    """Defer a retryable failure with backoff while tries remain; else end the job failed.
+
+    With a `fence`, either write lands only while that attempt still holds the job's claim.
+    """
     context = {"job_id": job.id, "forge": job.forge}
     prefix = _ACTION_PREFIX[stage]
     if error.retryable:
@@ -57,6 +62,7 @@ async def defer_or_fail(
                 retry_at=now + timedelta(seconds=delay),
                 error=message,
                 kind=stage,
+                fence=fence,
             )
             log.warning(
                 "job %s: %s; try %d of %d again in %.0f s",
@@ -70,7 +76,7 @@ async def defer_or_fail(
             return "deferred", f"{message} (try {recorded})"
         message = f"{message} (gave up after {tries} tries)"
     await store.finish_job(
-        job.id, now=now, state=JobState.FAILED, error=message, actor=_ACTOR[stage]
+        job.id, now=now, state=JobState.FAILED, error=message, actor=_ACTOR[stage], fence=fence
     )
     log.error("job %s failed: %s", job.id, message, extra={"action": f"{prefix}_failed", **context})
     return "failed", message

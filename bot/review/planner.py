@@ -21,6 +21,7 @@ from bot.model import (
     ReviewRequest,
 )
 from bot.policy import PolicyBook, evaluate
+from bot.queue.records import Fence
 from bot.queue.store import QueueStore, request_from_json
 from bot.review.assemble import classify_skipped_file
 from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET, plan_chunks
@@ -192,13 +193,20 @@ async def plan_one_job(
     settings: PlanningSettings | None = None,
     scope_review: ScopeReview | None = None,
 ) -> PlanningOutcome:
-    """Plan one job; forge errors end it (404: cancelled) or defer it with a bounded backoff."""
+    """Plan one job; forge errors end it (404: cancelled) or defer it with a bounded backoff.
+
+    Every write lands only while this planner's claim on the job (its attempt) still holds: a
+    planner that resumes after its claim was taken over writes nothing.
+    """
     settings = settings or PlanningSettings()
     context = {"job_id": job.id, "forge": job.forge}
+    fence = Fence("planning", settings.owner, job.planning_attempt)
     client = forges.get(job.forge)
     if client is None:
         error = f"no {job.forge} client is configured (set its URL and token)"
-        await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error, actor="planner")
+        await store.finish_job(
+            job.id, now=now, state=JobState.FAILED, error=error, actor="planner", fence=fence
+        )
         log.error("job %s: %s", job.id, error, extra={"action": "plan_failed", **context})
         return PlanningOutcome(job.id, "failed", detail=error)
     try:
@@ -212,20 +220,25 @@ async def plan_one_job(
     except ForgeNotFound as exc:
         reason = f"the change is gone on {job.forge}: {exc}"
         await store.finish_job(
-            job.id, now=now, state=JobState.CANCELLED, error=reason, actor="planner"
+            job.id, now=now, state=JobState.CANCELLED, error=reason, actor="planner", fence=fence
         )
         log.warning(
             "job %s cancelled: %s", job.id, reason, extra={"action": "plan_gone", **context}
         )
         return PlanningOutcome(job.id, "cancelled", detail=reason)
     except ForgeError as exc:
-        return await _defer_or_fail(store, job, exc, now=now, settings=settings)
+        return await _defer_or_fail(store, job, exc, now=now, settings=settings, fence=fence)
     if scope is not None and scope.wait_for is not None:
         detail = f"plans after review {scope.wait_for} of the same pull request"
         return PlanningOutcome(job.id, "deferred", detail=detail)
     if scope is not None and scope.cancel is not None:
         await store.finish_job(
-            job.id, now=now, state=JobState.CANCELLED, error=scope.cancel, actor="planner"
+            job.id,
+            now=now,
+            state=JobState.CANCELLED,
+            error=scope.cancel,
+            actor="planner",
+            fence=fence,
         )
         return PlanningOutcome(job.id, "cancelled", detail=scope.cancel)
     if scope is not None:
@@ -234,13 +247,15 @@ async def plan_one_job(
         plan = build_review_plan(job, changes, book, settings=settings, estimator=estimator)
     except ValueError as exc:
         error = f"the diff cannot be chunked: {exc}"
-        await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error, actor="planner")
+        await store.finish_job(
+            job.id, now=now, state=JobState.FAILED, error=error, actor="planner", fence=fence
+        )
         log.error("job %s: %s", job.id, error, extra={"action": "plan_failed", **context})
         return PlanningOutcome(job.id, "failed", detail=error)
     if plan.decision is not None and not plan.decision.review:
         reason = "policy, with the diff's size known: " + "; ".join(plan.decision.reasons)
         await store.finish_job(
-            job.id, now=now, state=JobState.CANCELLED, error=reason, actor="policy"
+            job.id, now=now, state=JobState.CANCELLED, error=reason, actor="policy", fence=fence
         )
         return PlanningOutcome(job.id, "cancelled", detail=reason)
     details = plan.details
@@ -271,8 +286,15 @@ async def plan_one_job(
         additions=plan.additions,
         deletions=plan.deletions,
         details=details,
+        fence=fence,
     )
     if not stored:
+        log.warning(
+            "job %s (planning attempt %s): lease lost, dropping result",
+            job.id,
+            fence.attempt,
+            extra={"action": "lease_lost", **context},
+        )
         return PlanningOutcome(job.id, "planned", detail="planned already by another process")
     log.info(
         "job %s planned: %d chunks, %d files skipped",
@@ -298,6 +320,7 @@ async def _defer_or_fail(
     *,
     now: datetime,
     settings: PlanningSettings,
+    fence: Fence,
 ) -> PlanningOutcome:
     result, detail = await defer_or_fail(
         store,
@@ -307,6 +330,7 @@ async def _defer_or_fail(
         stage="planning",
         message=f"fetching the diff failed: {error}",
         budget=RetryBudget(settings.max_attempts, settings.backoff_s, settings.max_backoff_s),
+        fence=fence,
     )
     return PlanningOutcome(job.id, result, detail=detail)
 

@@ -21,6 +21,7 @@ from bot.forges.base import (
     render_marker,
 )
 from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
+from bot.queue.records import Fence
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
 from bot.review.deferral import RetryBudget, defer_or_fail
@@ -28,7 +29,9 @@ from bot.review.parse import parse_review
 
 log = logging.getLogger(__name__)
 
-PostingResult = Literal["posted", "already_posted", "deferred", "cancelled", "failed", "skipped"]
+PostingResult = Literal[
+    "posted", "already_posted", "deferred", "cancelled", "failed", "skipped", "lease_lost"
+]
 SEVERITY_LABEL: Mapping[str, str] = {
     "critical": "Critical",
     "major": "Major",
@@ -59,6 +62,17 @@ class PostingOutcome:
     result: PostingResult
     review_id: int | None = None
     detail: str = ""
+
+
+def lease_lost(job_id: int, fence: Fence, *, forge: str) -> PostingOutcome:
+    """Log that another poster took the job over (this attempt's result is dropped)."""
+    log.warning(
+        "job %s (posting attempt %s): lease lost, dropping result",
+        job_id,
+        fence.attempt,
+        extra={"action": "lease_lost", "job_id": job_id, "forge": forge},
+    )
+    return PostingOutcome(job_id, "lease_lost", detail="another poster took the job over")
 
 
 def review_chunk_of(chunk: Chunk) -> StoredChunk:
@@ -171,9 +185,10 @@ async def post_job_review(
         error = f"no {job.forge} client is configured: the review cannot be posted"
         await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
         return PostingOutcome(job_id, "failed", detail=error)
-    if not await store.claim_posting(
+    fence = await store.claim_posting(
         job.id, owner=settings.owner, now=now, lease_s=settings.lease_s
-    ):
+    )
+    if fence is None:
         return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
     assembled: AssembledReview | None = None
     client.use_installation(job.repo, job.request.get("installation_id"))
@@ -181,13 +196,15 @@ async def post_job_review(
         existing = await client.find_posted_review(job.repo, job.number, render_marker(job.id))
         if existing is not None:
             # Posted before a crash kept us from recording it: record it, never post twice.
-            await store.finish_job(
+            if not await store.finish_job(
                 job.id,
                 now=now,
                 state=JobState.DONE,
                 review=review_record(existing, None),
                 reason="review found already posted",
-            )
+                fence=fence,
+            ):
+                return lease_lost(job.id, fence, forge=job.forge)
             log.info(
                 "job %s: review %s was already posted",
                 job.id,
@@ -198,29 +215,30 @@ async def post_job_review(
         review, assembled = build_review(
             job, await store.chunk_results(job.id), max_comments=settings.max_comments
         )
-        latest = await store.get_job(job.id)
-        if latest is None or latest.state in TERMINAL_JOB_STATES:
-            state = latest.state if latest is not None else "gone"
-            return PostingOutcome(job_id, "skipped", detail=f"job is {state}: not posted")
+        # The forge write only while this attempt still holds the claim (and the job is live).
+        if not await store.holds_posting(job.id, fence):
+            return lease_lost(job.id, fence, forge=job.forge)
         posted = await client.post_review(job.repo, job.number, review)
     except ForgeNotFound as exc:
         reason = f"the change is gone on {job.forge}: {exc}"
-        await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason)
+        await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason, fence=fence)
         log.warning(
             "job %s cancelled: %s", job.id, reason, extra={"action": "post_gone", **context}
         )
         return PostingOutcome(job_id, "cancelled", detail=reason)
     except ForgeError as exc:
-        return await _defer_or_fail(store, job, exc, now=now, settings=settings)
+        return await _defer_or_fail(store, job, exc, now=now, settings=settings, fence=fence)
     ended = await store.finish_job(
-        job.id, now=now, state=JobState.DONE, review=review_record(posted, assembled)
+        job.id, now=now, state=JobState.DONE, review=review_record(posted, assembled), fence=fence
     )
+    if not ended:
+        # Taken over while the post was on the wire: the new holder finds it by its marker.
+        return lease_lost(job.id, fence, forge=job.forge)
     log.info(
-        "job %s: review %s posted (%d inline)%s",
+        "job %s: review %s posted (%d inline)",
         job.id,
         posted.id,
         posted.inline_posted,
-        "" if ended else "; the job had ended meanwhile",
         extra={"action": "review_posted", **context},
     )
     result: PostingResult = "already_posted" if posted.already_posted else "posted"
@@ -234,6 +252,7 @@ async def _defer_or_fail(
     *,
     now: datetime,
     settings: PostingSettings,
+    fence: Fence,
 ) -> PostingOutcome:
     result, detail = await defer_or_fail(
         store,
@@ -243,6 +262,7 @@ async def _defer_or_fail(
         stage="posting",
         message=f"posting the review failed: {error}",
         budget=RetryBudget(settings.max_attempts, settings.backoff_s, settings.max_backoff_s),
+        fence=fence,
     )
     return PostingOutcome(job.id, result, detail=detail)
 
@@ -266,6 +286,7 @@ __all__ = [
     "PostingOutcome",
     "PostingSettings",
     "build_review",
+    "lease_lost",
     "post_job_review",
     "post_unposted",
     "render_comment",

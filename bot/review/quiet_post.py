@@ -8,17 +8,18 @@ marker on the inline findings and the summary's marker find what a crash left po
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from bot.config import Settings
-from bot.errors import ForgeError, ForgeNotFound
-from bot.forges.base import ForgeClient, InlineComment, ReviewToPost
+from bot.errors import ForgeError, ForgeNotFound, LeaseLost
+from bot.forges.base import ForgeClient, InlineComment, ReviewToPost, append_marker
 from bot.forges.quiet import PostedFindings, QuietForge, quiet_forge_for
 from bot.model import TERMINAL_JOB_STATES, Job, JobState
 from bot.queue.findings import FindingStore, FindingToRecord, PullRef, StoredFinding
+from bot.queue.records import Fence
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, SkippedFile, assemble_review
 from bot.review.deferral import RetryBudget, defer_or_fail
@@ -29,7 +30,13 @@ from bot.review.living_summary import (
     SummaryFacts,
     render_living_summary,
 )
-from bot.review.poster import PostingOutcome, PostingSettings, render_comment, review_chunk_of
+from bot.review.poster import (
+    PostingOutcome,
+    PostingSettings,
+    lease_lost,
+    render_comment,
+    review_chunk_of,
+)
 from bot.review.quiet_plan import QuietDecision, QuietSettings, decide_quiet_review
 from bot.review.repo_settings import EXCLUDED
 
@@ -37,6 +44,8 @@ log = logging.getLogger(__name__)
 
 # Every finding goes through the quiet decision; the inline cap applies there.
 ALL_FINDINGS = 1_000_000
+
+StillHeld = Callable[[], Awaitable[bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,13 +206,23 @@ def _with_note(reasons: list[str], note: Any) -> list[str]:
     return reasons
 
 
-async def upsert_summary(quiet: QuietForge, job: Job, body: str) -> int:
-    """Edit the pull request's summary in place, or create it the first time."""
+async def upsert_summary(
+    quiet: QuietForge, job: Job, body: str, *, still_held: StillHeld | None = None
+) -> int:
+    """Edit the pull request's summary in place, or create it the first time.
+
+    The body carries the job's marker, so a later attempt at the same job finds it written.
+    `still_held` is asked right before the forge write; LeaseLost when it says no.
+    """
+    body = append_marker(body, job.id)
     existing = await quiet.find_summary(job.repo, job.number)
+    if existing is not None and existing.body.strip() == body.strip():
+        return existing.id
+    if still_held is not None and not await still_held():
+        raise LeaseLost(f"job {job.id}: the posting claim was taken over")
     if existing is None:
         return await quiet.create_summary(job.repo, job.number, body)
-    if existing.body.strip() != body.strip():
-        await quiet.edit_summary(job.repo, job.number, existing.id, body)
+    await quiet.edit_summary(job.repo, job.number, existing.id, body)
     return existing.id
 
 
@@ -231,16 +250,19 @@ async def post_quiet_review(
         error = f"no {job.forge} client is configured: the review cannot be posted"
         await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
         return PostingOutcome(job_id, "failed", detail=error)
-    if not await store.claim_posting(
+    fence = await store.claim_posting(
         job.id, owner=settings.owner, now=now, lease_s=settings.lease_s
-    ):
+    )
+    if fence is None:
         return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
     context = {"job_id": job.id, "forge": job.forge}
     try:
-        record = await _post(store, posting, client, quiet, job, now=now)
+        record = await _post(store, posting, client, quiet, job, now=now, fence=fence)
+    except LeaseLost:
+        return lease_lost(job.id, fence, forge=job.forge)
     except ForgeNotFound as exc:
         reason = f"the change is gone on {job.forge}: {exc}"
-        await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason)
+        await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason, fence=fence)
         log.warning(
             "job %s cancelled: %s", job.id, reason, extra={"action": "post_gone", **context}
         )
@@ -254,11 +276,11 @@ async def post_quiet_review(
             stage="posting",
             message=f"posting the review failed: {exc}",
             budget=RetryBudget(settings.max_attempts, settings.backoff_s, settings.max_backoff_s),
+            fence=fence,
         )
         return PostingOutcome(job.id, result, detail=detail)
-    if record is None:
-        return PostingOutcome(job_id, "skipped", detail="the job ended while posting")
-    await store.finish_job(job.id, now=now, state=JobState.DONE, review=record)
+    if not await store.finish_job(job.id, now=now, state=JobState.DONE, review=record, fence=fence):
+        return lease_lost(job.id, fence, forge=job.forge)
     log.info(
         "job %s: %d new inline, %d summary only, %d said before, %d resolved",
         job.id,
@@ -279,7 +301,18 @@ async def _post(
     job: Job,
     *,
     now: datetime,
-) -> dict[str, Any] | None:
+    fence: Fence,
+) -> dict[str, Any]:
+    """Write the review on the forge and record its findings; every write (forge or database)
+    only while `fence` holds the job's posting claim, else LeaseLost."""
+
+    async def still_held() -> bool:
+        return await store.holds_posting(job.id, fence)
+
+    async def check() -> None:
+        if not await still_held():
+            raise LeaseLost(f"job {job.id}: the posting claim was taken over")
+
     chunks = await store.chunk_results(job.id)
     assembled = assemble_review(
         [review_chunk_of(chunk) for chunk in chunks],
@@ -304,21 +337,20 @@ async def _post(
         settings=quiet_settings,
         job_id=job.id,
     )
-    latest = await store.get_job(job.id)
-    if latest is None or latest.state in TERMINAL_JOB_STATES:
-        return None
     posted: PostedFindings | None = None
     if decision.inline:
+        await check()
         posted = await quiet.post_findings(job.repo, job.number, inline_review(job, decision))
     await posting.findings.record(
-        pull, findings_to_record(decision, posted), job_id=job.id, now=now
+        pull, findings_to_record(decision, posted), job_id=job.id, now=now, fence=fence
     )
     resolved = await posting.findings.resolve(
-        pull, [item.fingerprint for item in decision.resolved], job_id=job.id, now=now
+        pull, [item.fingerprint for item in decision.resolved], job_id=job.id, now=now, fence=fence
     )
     threads_resolved = 0
     for item in decision.resolved:
         if item.forge_ref and item.fingerprint in resolved:
+            await check()
             threads_resolved += await quiet.resolve_finding(job.repo, job.number, item.forge_ref)
     heads = await posting.findings.reviewed_heads(pull)
     commits = [
@@ -343,7 +375,7 @@ async def _post(
             level_reasons=level_reasons,
         )
     )
-    summary_id = await upsert_summary(quiet, job, body)
+    summary_id = await upsert_summary(quiet, job, body, still_held=still_held)
     return {
         "forge_review_id": posted.review_id if posted is not None else None,
         "summary_comment_id": summary_id,

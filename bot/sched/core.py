@@ -343,6 +343,7 @@ class DispatcherCore:
             now=now,
             reason=reason,
             gpu_seconds=used_s,
+            attempt=chunk.lease_attempt,
         )
         self.preemptions += 1
         log.info(
@@ -436,12 +437,14 @@ class DispatcherCore:
                 now=now,
                 gpu_seconds=gpu_seconds,
                 result=result,
+                attempt=chunk.lease_attempt,
             )
         except LeaseLost:
             log.warning(
-                "lost the lease of chunk %s",
+                "chunk %s (attempt %s): lease lost, dropping result",
                 chunk.id,
-                extra={"action": "lease_lost", "job_id": chunk.job_id},
+                chunk.lease_attempt,
+                extra={"action": "lease_lost", "job_id": chunk.job_id, "chunk_id": chunk.id},
             )
             return None
         if self.settings.policy == "mlfq":
@@ -490,8 +493,15 @@ class DispatcherCore:
                 now=now,
                 error=str(error),
                 retryable=error.retryable,
+                attempt=leased.chunk.lease_attempt,
             )
         except LeaseLost:
+            log.warning(
+                "chunk %s (attempt %s): lease lost, dropping its failure",
+                leased.chunk.id,
+                leased.chunk.lease_attempt,
+                extra={"action": "lease_lost", "job_id": leased.chunk.job_id},
+            )
             return None
         if outcome.job_dead and self.metrics is not None:
             self.metrics.count_dead()
@@ -518,8 +528,10 @@ class DispatcherCore:
     async def release_all(self, now: datetime) -> int:
         """Give back every chunk this process holds (shutdown)."""
         released = 0
-        for chunk_id in list(self.held):
-            if await self.store.release_chunk(chunk_id, owner=self.settings.owner, now=now):
+        for chunk_id, leased in list(self.held.items()):
+            if await self.store.release_chunk(
+                chunk_id, owner=self.settings.owner, now=now, attempt=leased.chunk.lease_attempt
+            ):
                 released += 1
             self.held.pop(chunk_id, None)
             if self.engines is not None:

@@ -83,6 +83,7 @@ class Dispatcher(DispatcherCore):
                 now=self.clock.now(),
                 error=f"{type(error).__name__}: {error}",
                 retryable=True,
+                attempt=chunk.lease_attempt,
             )
         except LeaseLost:
             return  # finished or taken over before the failure: nothing to count
