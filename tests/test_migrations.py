@@ -112,8 +112,8 @@ async def test_replicas_migrating_together_all_succeed(empty_db_url: str) -> Non
 
 
 async def test_fencing_migrations_keep_claims_in_flight(db_url: str) -> None:
-    """Claims held while 0018/0019 run move from the jsonb into columns and back, unchanged."""
-    await downgrade_database(db_url, "0013_operations")
+    """Claims held while 0019/0020 run move from the jsonb into columns and back, unchanged."""
+    await downgrade_database(db_url, "0018_status_outbox")
     conn = await asyncpg.connect(plain_url(db_url))
     try:
         job_id = await conn.fetchval(
@@ -136,7 +136,7 @@ async def test_fencing_migrations_keep_claims_in_flight(db_url: str) -> None:
             """,
             job_id,
         )
-        await upgrade_database(db_url, "0018_fencing")
+        await upgrade_database(db_url, "0019_fencing")
         row = await conn.fetchrow("SELECT * FROM review_jobs WHERE id = $1", job_id)
         assert row["posting_by"] == "poster-1" and row["posting_attempt"] == 1
         assert row["posting_until"].isoformat() == "2026-12-04T18:00:00+00:00"
@@ -148,7 +148,7 @@ async def test_fencing_migrations_keep_claims_in_flight(db_url: str) -> None:
             await conn.fetchval("SELECT request FROM review_jobs WHERE id = $1", job_id)
         )
         assert request == {"title": "kept"}
-        await downgrade_database(db_url, "0013_operations")
+        await downgrade_database(db_url, "0018_status_outbox")
         request = json.loads(
             await conn.fetchval("SELECT request FROM review_jobs WHERE id = $1", job_id)
         )

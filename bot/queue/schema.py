@@ -337,7 +337,7 @@ operational_alerts = Table(
     ),
 )
 
-# Created by migration 0018: leases held by one process at a time for the whole service (the
+# Created by migration 0019: leases held by one process at a time for the whole service (the
 # status publisher); `attempt` grows on each takeover and fences the holder's writes.
 process_leases = Table(
     "process_leases",
