@@ -26,12 +26,8 @@ from bot.emulator import (
     seed_issue_comment,
     send_webhook,
 )
-from bot.emulator.quiet import (
-    history_of,
-    open_pull_from_trees,
-    push_tree,
-    set_default_file,
-)
+from bot.emulator.quiet import open_pull_from_trees, push_tree, set_default_file
+from bot.emulator.repository import history_of
 from bot.forges.base import SUMMARY_MARKER
 from bot.forges.registry import ForgeRegistry
 from bot.llm.base import LLMRequest

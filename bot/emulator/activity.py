@@ -20,7 +20,7 @@ from bot.emulator.http import (
     paginate,
     public_view,
 )
-from bot.emulator.quiet import history_of
+from bot.emulator.repository import history_of
 from bot.emulator.state import EmulatedPull, EmulatorState
 
 

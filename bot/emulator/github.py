@@ -23,6 +23,7 @@ from bot.emulator.http import (
     paginate,
     public_view,
 )
+from bot.emulator.repository import blob_sha_at
 from bot.emulator.state import (
     LINE_OUTSIDE_DIFF,
     REACTIONS,
@@ -83,7 +84,11 @@ async def github_get_pull(ctx: Context) -> Any:
 
 async def github_files(ctx: Context) -> Any:
     pull = _github_pull_of(ctx)
-    files = [github_file(pull, item) for item in pull.files[:3000]]  # GitHub lists 3,000 at most
+    head = pull.newest.head_sha
+    files = [
+        github_file(pull, item, blob_sha=blob_sha_at(ctx.state, pull.repo, item.path, head))
+        for item in pull.files[:3000]  # GitHub lists 3,000 at most
+    ]
     return paginate(ctx, files, default=30, maximum=100)
 
 

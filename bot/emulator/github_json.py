@@ -218,8 +218,12 @@ def github_pull(state: EmulatorState, pull: EmulatedPull) -> dict[str, Any]:
     }
 
 
-def github_file(pull: EmulatedPull, item: FileChange) -> dict[str, Any]:
-    sha = hashlib.sha1(f"{item.path}:{item.patch}".encode()).hexdigest()
+def github_file(
+    pull: EmulatedPull, item: FileChange, *, blob_sha: str | None = None
+) -> dict[str, Any]:
+    """A pull request's file as GitHub lists it; `sha` is the file's blob at the head (made up
+    from the patch when the caller does not know it)."""
+    sha = blob_sha or hashlib.sha1(f"{item.path}:{item.patch}".encode()).hexdigest()
     head = pull.newest.head_sha
     data: dict[str, Any] = {
         "sha": sha,

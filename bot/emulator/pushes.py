@@ -16,7 +16,8 @@ from typing import Any, Literal
 from bot.diff import parse_hunks
 from bot.emulator.github import seed_issue_comment
 from bot.emulator.gitlab import seed_note
-from bot.emulator.quiet import Commit, history_of, push_tree, set_default_file
+from bot.emulator.quiet import push_tree, set_default_file
+from bot.emulator.repository import Commit, history_of
 from bot.emulator.state import EmulatedPull, EmulatorState
 from bot.model import FileChange, Forge
 
