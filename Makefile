@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 LLM ?= simulated
 
-.PHONY: test demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm bench-engine clean
+.PHONY: test demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm bench-engine bench-review clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ bench-llm: $(BENCH_STAMP)
 # The real CPU vLLM (scripts/vllm_cpu.sh): raw server against the whole bot, window 1 and adaptive.
 bench-engine: $(BENCH_STAMP)
 	$(BIN)/python bench/engine_throughput.py
+
+# `bot eval` with the oracle before/after numbered lines and anchoring on three code bases, the
+# reviews posted through the emulator, and SmolLM2-135M on the CPU vLLM (scripts/vllm_cpu.sh).
+bench-review: $(BENCH_STAMP)
+	$(BIN)/python bench/review_eval.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info
