@@ -14,7 +14,7 @@ from bot.eval.oracle import (
     oracle_finding,
 )
 from bot.eval.plant import Mutant
-from bot.eval.score import build_report, render_report, score_review
+from bot.eval.score import build_report, context_pairs, render_report, score_review
 from bot.llm.base import LLMRequest
 
 PATCH = "\n".join(
@@ -63,6 +63,18 @@ def test_a_finding_counts_on_the_planted_path_and_side_within_one_line() -> None
     for missed in (("a.py", "RIGHT", 12), ("a.py", "LEFT", 10), ("b.py", "RIGHT", 10)):
         result = score([missed])
         assert result["found"] is False and result["false_findings"] == 1, missed
+    # An unchanged line named on its old side is the same line of code.
+    left = score_review(
+        mutant_id=1,
+        pattern="p",
+        path="a.py",
+        first_line=10,
+        last_line=10,
+        inline=[("a.py", "LEFT", 8), ("a.py", "LEFT", 9)],
+        context={8: 10},
+    ).to_dict()
+    assert left["found"] is True and left["exact"] is True and left["false_findings"] == 1
+    assert context_pairs(PATCH) == {10: 10, 11: 12, 13: 14}
     both = score([("a.py", "RIGHT", 9), ("a.py", "RIGHT", 10), ("a.py", "RIGHT", 30)])
     assert both["exact"] is True and both["false_findings"] == 1 and both["inline"] == 3
 

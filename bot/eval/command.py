@@ -16,7 +16,13 @@ from bot.errors import ConfigError
 from bot.eval.oracle import NullBackend, OracleBackend
 from bot.eval.plant import Mutant, plant_mutants
 from bot.eval.run import ReviewOutcome, review_mutants
-from bot.eval.score import MutantScore, build_report, render_report, score_review
+from bot.eval.score import (
+    MutantScore,
+    build_report,
+    context_pairs,
+    render_report,
+    score_review,
+)
 from bot.eval.sources import read_sources
 from bot.llm.base import LLMBackend
 from bot.llm.factory import create_backend
@@ -73,6 +79,7 @@ def score_outcome(outcome: ReviewOutcome, backend: LLMBackend) -> MutantScore:
         first_line=mutant.first_line,
         last_line=mutant.last_line,
         inline=outcome.inline,
+        context=context_pairs(mutant.patch),
         summary_only=outcome.summary_only,
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,

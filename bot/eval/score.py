@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bot.diff import parse_hunks
 from bot.stats import percentile
 
 # A finding counts as the planted bug when it is on the planted path, on the new file's side,
@@ -52,6 +53,16 @@ class MutantScore:
         }
 
 
+def context_pairs(patch: str) -> dict[int, int]:
+    """Old-file line -> new-file line of each unchanged (context) line of a patch."""
+    return {
+        line.old_line: line.new_line
+        for hunk in parse_hunks(patch)
+        for line in hunk.lines
+        if line.kind == " " and line.old_line is not None and line.new_line is not None
+    }
+
+
 def score_review(
     *,
     mutant_id: int,
@@ -60,20 +71,33 @@ def score_review(
     first_line: int,
     last_line: int,
     inline: Iterable[tuple[str, str, int]],
+    context: Mapping[int, int] | None = None,
     summary_only: int = 0,
     prompt_tokens: int = 0,
     completion_tokens: int = 0,
     seconds: float = 0.0,
     mode: str | None = None,
 ) -> MutantScore:
-    """Score one review's inline comments (path, side, line) against the planted lines."""
+    """Score one review's inline comments (path, side, line) against the planted lines.
+
+    `context` maps the old-file numbers of the patch's unchanged lines to their new-file
+    numbers: a comment on the LEFT side of an unchanged line is on the same line of code as
+    one on its RIGHT side (GitHub shows both on that line)."""
     comments = list(inline)
+    unchanged = context or {}
+
+    def new_line(comment_path: str, side: str, line: int) -> int | None:
+        if comment_path != path:
+            return None
+        if side == "RIGHT":
+            return line
+        return unchanged.get(line)
+
+    placed = [new_line(*comment) for comment in comments]
     hits = [
         line
-        for comment_path, side, line in comments
-        if comment_path == path
-        and side == "RIGHT"
-        and first_line - TOLERANCE <= line <= last_line + TOLERANCE
+        for line in placed
+        if line is not None and first_line - TOLERANCE <= line <= last_line + TOLERANCE
     ]
     return MutantScore(
         id=mutant_id,
