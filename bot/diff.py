@@ -13,6 +13,18 @@ SIDES: tuple[Side, ...] = ("RIGHT", "LEFT")
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 
 
+def split_lines(text: str) -> list[str]:
+    """The lines of diff or file text, split on "\n" alone, each without one trailing "\r".
+
+    git and the forges end a line only at "\n": str.splitlines() also splits at form feeds,
+    \x0b, \x1c-\x1e, \x85, \u2028/9 and a lone "\r", which puts every later position off.
+    """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the text's final newline ends the last line, it starts none
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 @dataclass(frozen=True, slots=True)
 class DiffLine:
     """One line of a hunk: `kind` is '+', '-' or ' '; line numbers of the side(s) it exists on."""
@@ -33,6 +45,22 @@ class Hunk:
     new_start: int
     new_count: int
     lines: tuple[DiffLine, ...]
+
+    @property
+    def trusted_lines(self) -> tuple[DiffLine, ...]:
+        """The lines within the header's counts: the ones a comment may point at.
+
+        git writes bodies that match their headers. Lines past a count mean the hunk was
+        altered after git wrote it, and the forge's own diff need not have them; a body
+        shorter than its header (cut off) still shows lines the forge has.
+        """
+        old = new = 0
+        for index, line in enumerate(self.lines):
+            old += line.old_line is not None
+            new += line.new_line is not None
+            if old > self.old_count or new > self.new_count:
+                return self.lines[:index]
+        return self.lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +97,7 @@ def parse_hunks(patch: str | None) -> tuple[Hunk, ...]:
                 )
             )
 
-    for raw in patch.splitlines():
+    for raw in split_lines(patch):
         match = HUNK_HEADER.match(raw)
         if match:
             close()
@@ -155,7 +183,7 @@ def commentable_positions(
     positions: set[tuple[str, Side, int]] = set()
     for file in parse_files(files):
         for hunk in file.hunks:
-            for line in hunk.lines:
+            for line in hunk.trusted_lines:
                 if line.new_line is not None:
                     positions.add((file.path, "RIGHT", line.new_line))
                 if line.old_line is not None:
@@ -208,22 +236,57 @@ def fence_for(text: str) -> str:
     return "`" * max(3, longest + 1)
 
 
+# Characters some tools take for line ends; shown as a space so a line stays one line.
+LINE_BREAKS = re.compile("[\x85\u2028\u2029]")
+NUMBERED_LINE = re.compile(r"^(\d+) ([+\- ])(.*)$")
+
+
+def prompt_text(text: str) -> str:
+    """A diff line's text as the prompt shows it: no control characters, no line breaks."""
+    return CONTROL.sub("", LINE_BREAKS.sub(" ", text))
+
+
+def number_hunks(hunks: Iterable[Hunk]) -> str:
+    """Hunks with every line numbered: "<n> <kind><text>", where n is the new-file line of an
+    added or unchanged line and the old-file line of a removed one."""
+    rendered: list[str] = []
+    for hunk in hunks:
+        rendered.append(prompt_text(hunk.header))
+        for line in hunk.lines:
+            number = line.old_line if line.kind == "-" else line.new_line
+            rendered.append(f"{number} {line.kind}{prompt_text(line.text)}")
+    return "\n".join(rendered)
+
+
 def render_file(file: Mapping[str, Any] | Any) -> str:
-    """One file's section: a header line with path and size, then its fenced diff."""
+    """One file's section: a header line with path and size, then its fenced, numbered diff."""
     path = clean_path(str(file_value(file, "path", "")))
     status = str(file_value(file, "status", "modified") or "modified")
     status = status if re.fullmatch(r"[a-z_]+", status) else "modified"
     patch = file_value(file, "patch")
     text = patch if isinstance(patch, str) else None
-    additions, deletions = count_changes(file, parse_hunks(text))
+    hunks = parse_hunks(text)
+    additions, deletions = count_changes(file, hunks)
     part, parts = file_value(file, "part"), file_value(file, "parts")
     where = f", part {int(part)} of {int(parts)}" if part and parts else ""
     header = f"File: {path} ({status}, +{additions}/-{deletions}{where})"
-    if not isinstance(patch, str) or not patch:
+    if not hunks:
         return f"{header}\n{NO_PATCH}"
-    body = CONTROL.sub("", patch.replace("\r\n", "\n")).rstrip("\n")
+    body = number_hunks(hunks)
     fence = fence_for(body)
     return f"{header}\n{fence}diff\n{body}\n{fence}"
+
+
+def unnumber(lines: Iterable[str]) -> str:
+    """The unified diff a numbered body shows (inverse of number_hunks, for line numbers)."""
+    patch: list[str] = []
+    for line in lines:
+        match = NUMBERED_LINE.match(line)
+        if match:
+            patch.append(match.group(2) + match.group(3))
+        elif line.startswith("@@"):
+            patch.append(line)
+    return "\n".join(patch)
 
 
 def render_diff(files: Iterable[Mapping[str, Any] | Any]) -> str:
@@ -260,7 +323,7 @@ def extract_files(user_message: str) -> tuple[PromptFile, ...]:
                 body.append(lines[index])
                 index += 1
             index += 1  # the closing fence
-            patch = "\n".join(body)
+            patch = unnumber(body)
         found.append(
             PromptFile(
                 path=match.group("path"),

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bot.diff import changed_lines, commentable_positions, parse_files, parse_hunks
+from bot.review.anchor import index_files
 from bot.review.parse import (
     MAX_BODY_CHARS,
     build_retry_reminder,
@@ -33,6 +34,7 @@ PATCH = """diff --git a/app.py b/app.py
 +more = 2"""
 FILES = [{"path": "app.py", "patch": PATCH}]
 POSITIONS = commentable_positions(FILES)
+INDEX = index_files(FILES)
 
 
 def answer(findings: list[object], summary: str = "ok") -> str:
@@ -77,7 +79,7 @@ def test_positions_include_context_on_both_sides() -> None:
 
 
 def test_valid_answer_is_kept() -> None:
-    parsed = parse_review(answer([finding()], "Looks careful."), POSITIONS)
+    parsed = parse_review(answer([finding()], "Looks careful."), INDEX)
     assert parsed.ok and parsed.dropped == 0
     assert [(f.path, f.line, f.side, f.severity) for f in parsed.findings] == [
         ("app.py", 5, "RIGHT", "major")
@@ -98,7 +100,7 @@ def test_valid_answer_is_kept() -> None:
     ],
 )
 def test_nonsense_is_rejected(text: str, error: str) -> None:
-    parsed = parse_review(text, POSITIONS)
+    parsed = parse_review(text, INDEX)
     assert not parsed.ok
     assert error in (parsed.error or "")
     assert parsed.findings == ()
@@ -106,7 +108,7 @@ def test_nonsense_is_rejected(text: str, error: str) -> None:
 
 def test_code_fences_and_leading_prose_are_tolerated() -> None:
     text = "Here is my review:\n```json\n" + answer([finding()]) + "\n```\nHope it helps {smile}"
-    parsed = parse_review(text, POSITIONS)
+    parsed = parse_review(text, INDEX)
     assert parsed.ok and len(parsed.findings) == 1
 
 
@@ -118,13 +120,12 @@ def test_first_json_object_wins_even_after_a_bad_brace() -> None:
 @pytest.mark.parametrize(
     ("item", "reason"),
     [
-        (finding(line=99), "line_not_in_diff"),
-        (finding(path="other.py"), "unknown_path"),
+        (finding(path=""), "unknown_path"),
+        (finding(path=7), "unknown_path"),
         (finding(line="five"), "bad_line"),
         (finding(line=0), "bad_line"),
         (finding(line=True), "bad_line"),
         (finding(side="MIDDLE"), "bad_side"),
-        (finding(side="LEFT", line=22), "line_not_in_diff"),
         (finding(severity="catastrophic"), "bad_severity"),
         (finding(body="   "), "no_body"),
         (finding(body=None), "no_body"),
@@ -132,11 +133,28 @@ def test_first_json_object_wins_even_after_a_bad_brace() -> None:
     ],
 )
 def test_bad_findings_are_dropped_and_counted(item: object, reason: str) -> None:
-    parsed = parse_review(answer([item, finding()]), POSITIONS)
+    parsed = parse_review(answer([item, finding()]), INDEX)
     assert parsed.ok
     assert len(parsed.findings) == 1
     assert parsed.dropped == 1
     assert parsed.drop_reasons == {reason: 1}
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        finding(line=99),
+        finding(path="other.py"),
+        finding(side="LEFT", line=40),
+        finding(line=5, quote="this text is on no line"),
+    ],
+)
+def test_findings_off_the_diff_are_kept_for_the_summary(item: dict[str, object]) -> None:
+    parsed = parse_review(answer([item]), INDEX)
+    assert parsed.ok and parsed.dropped == 0
+    assert parsed.placed == () and len(parsed.unanchored) == 1
+    assert parsed.unanchored[0].body == "Check the result."
+    assert parsed.anchoring["summary_only"] == 1
 
 
 def test_tolerant_field_forms() -> None:
@@ -145,7 +163,7 @@ def test_tolerant_field_forms() -> None:
         finding(line=20, severity=None, side=None),
         finding(line=4.0, side="LEFT", severity="nit"),
     ]
-    parsed = parse_review(answer(items), POSITIONS)
+    parsed = parse_review(answer(items), INDEX)
     assert parsed.dropped == 0
     assert [(f.line, f.side, f.severity) for f in parsed.findings] == [
         (4, "LEFT", "info"),
@@ -155,21 +173,21 @@ def test_tolerant_field_forms() -> None:
 
 
 def test_duplicates_are_dropped() -> None:
-    parsed = parse_review(answer([finding(), finding()]), POSITIONS)
+    parsed = parse_review(answer([finding(), finding()]), INDEX)
     assert len(parsed.findings) == 1 and parsed.drop_reasons == {"duplicate": 1}
 
 
 def test_cap_keeps_the_most_severe() -> None:
     items = [finding(line=3, body=f"nit {n}", severity="info") for n in range(25)]
     items.append(finding(line=22, severity="critical", body="Data loss."))
-    parsed = parse_review(answer(items), POSITIONS, max_findings=20)
+    parsed = parse_review(answer(items), INDEX, max_findings=20)
     assert len(parsed.findings) == 20
     assert parsed.drop_reasons == {"over_cap": 6}
     assert any(f.severity == "critical" for f in parsed.findings)
 
 
 def test_long_bodies_are_cut() -> None:
-    parsed = parse_review(answer([finding(body="x" * 5000)]), POSITIONS)
+    parsed = parse_review(answer([finding(body="x" * 5000)]), INDEX)
     assert len(parsed.findings[0].body) == MAX_BODY_CHARS
     assert parsed.findings[0].body.endswith("…")
 
@@ -185,7 +203,7 @@ def test_mentions_and_html_are_defused() -> None:
     assert "`@octocat`" in cleaned and "`@org/team`" in cleaned
     assert "me@example.com" in cleaned
     assert "`@decorator`" in cleaned and "<div>@x</div>" in cleaned
-    parsed = parse_review(answer([finding(body=body)], summary="cc @admin"), POSITIONS)
+    parsed = parse_review(answer([finding(body=body)], summary="cc @admin"), INDEX)
     assert parsed.summary == "cc `@admin`"
 
 
@@ -204,7 +222,7 @@ def test_sanitized_prose_never_pings_or_renders_html(text: str) -> None:
 
 @given(st.text(max_size=200))
 def test_parse_never_raises(text: str) -> None:
-    parsed = parse_review(text, POSITIONS)
+    parsed = parse_review(text, INDEX)
     assert parsed.ok or parsed.error
 
 

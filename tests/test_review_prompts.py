@@ -111,3 +111,15 @@ def test_review_schema_narrows_paths_and_cap() -> None:
     assert review_schema([])["properties"]["findings"]["items"]["properties"]["path"] == {
         "type": "string"
     }
+
+
+def test_every_diff_line_carries_its_number() -> None:
+    user = build_messages(files())[1]["content"]
+    assert "10      value = event[\"value\"]" in user
+    assert "11 -    return value" in user  # a removed line: its old-file number
+    assert "11 +    checked = validate(value)" in user  # added: its new-file number
+    assert "13 +    return checked" in user
+    assert "14  # end" in user
+    # The format is explained once, in the fixed system prompt, not per call.
+    assert '"<number> <mark><code>"' in SYSTEM_PROMPT
+    assert "quote" in OUTPUT_CONTRACT and "start_line" in OUTPUT_CONTRACT

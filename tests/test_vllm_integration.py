@@ -143,7 +143,8 @@ async def test_review_through_openai_backend_with_priority(vllm_url: str) -> Non
         assert review.attempts == 2 and review.findings == ()
         assert review.error and review.error.startswith("unparsable after 2 attempts")
     else:
-        assert all((f.path, f.side, f.line) in positions for f in review.findings)
+        assert all((f.path, f.side, f.line) in positions for f in review.findings if f.placed)
+        assert sum(review.anchoring.values()) == len(review.findings)
     stored = json.loads(json.dumps(review.to_result()))
     assert ChunkReview.from_result(stored) == review
     assembled = assemble_review([StoredChunk(1, ("tools/run.py",), stored)])

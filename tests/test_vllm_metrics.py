@@ -10,6 +10,8 @@ import pytest
 from aiohttp import web
 
 from bot.llm.vllm_metrics import (
+    TOKENS_PER_DIFF_LINE,
+    TOKENS_PER_LINE_NUMBER,
     EngineMetrics,
     chunk_line_budget,
     engine_load,
@@ -110,7 +112,7 @@ def test_chunks_are_sized_to_the_model_context() -> None:
     # The CPU model's 4,096 tokens with 1,024 for the answer hold fewer than 400 lines.
     lines = chunk_line_budget(4096, max_tokens=1024, fixed_prompt_tokens=fixed, ceiling=400)
     assert 100 <= lines < 400
-    assert lines * 16 + fixed + 1024 <= 4096
+    assert lines * (TOKENS_PER_DIFF_LINE + TOKENS_PER_LINE_NUMBER) + fixed + 1024 <= 4096
     # A long context keeps the configured budget.
     assert chunk_line_budget(32768, max_tokens=1024, fixed_prompt_tokens=fixed, ceiling=400) == 400
     with pytest.raises(ValueError, match="--max-model-len"):

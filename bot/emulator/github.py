@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from bot.diff import split_lines
 from bot.emulator.github_json import (
     github_file,
     github_issue_comment,
@@ -144,7 +145,7 @@ async def github_create_review(ctx: Context) -> Any:
         if comment.get("position") is not None and line is None:
             position = comment["position"]
             valid = isinstance(position, int) and 1 <= position < len(
-                (patches[path] or "").splitlines()
+                split_lines(patches[path] or "")
             )
         else:
             valid = isinstance(line, int) and parse_diff_lines(patches[path]).has_line(line, side)

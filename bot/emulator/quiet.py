@@ -11,6 +11,7 @@ import difflib
 import hashlib
 from typing import Any
 
+from bot.diff import split_lines
 from bot.emulator.github_json import github_file, github_user
 from bot.emulator.gitlab import gitlab_pull_of
 from bot.emulator.http import (
@@ -40,7 +41,7 @@ from bot.model import FileChange, Forge
 def _patch(before: str | None, after: str | None) -> tuple[str | None, int, int]:
     lines = list(
         difflib.unified_diff(
-            (before or "").splitlines(), (after or "").splitlines(), lineterm="", n=3
+            split_lines(before or ""), split_lines(after or ""), lineterm="", n=3
         )
     )[2:]
     additions = sum(1 for line in lines if line.startswith("+"))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol, TypeVar
 
+from bot.diff import parse_hunks, split_lines
 from bot.errors import ForgeError
 from bot.forges.statuses import StatusUpdate, StatusWritten
 from bot.model import FileChange
@@ -200,7 +201,7 @@ def render_summary_only(review: ReviewToPost, reason: str) -> str:
     """Render a summary that lists the findings the forge would not place inline."""
     lines = [review.body.rstrip(), "", f"_Inline comments could not be placed ({reason}):_", ""]
     for comment in review.comments:
-        first_line = comment.body.strip().splitlines()[0] if comment.body.strip() else ""
+        first_line = split_lines(comment.body.strip())[0] if comment.body.strip() else ""
         side = "old" if comment.side == "LEFT" else "new"
         lines.append(f"- `{comment.path}` line {comment.line} ({side}): {first_line}")
     return append_marker("\n".join(lines), review.job_id)
@@ -235,43 +236,33 @@ class DiffLines:
         raise ValueError(f"line {line} ({side}) is not part of the diff")
 
 
-HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
 def parse_diff_lines(patch: str | None) -> DiffLines:
-    """Map a unified diff's hunks to the old/new line numbers they show."""
+    """Map a unified diff's hunks to the old/new line numbers a comment may point at.
+
+    Lines past a hunk header's counts are left out (see bot.diff.Hunk.trusted_lines).
+    """
     added: set[int] = set()
     removed: set[int] = set()
     context: dict[int, int] = {}
-    if not patch:
-        return DiffLines(frozenset(), frozenset(), {})
-    old_line = new_line = 0
-    in_hunk = False
-    for text in patch.splitlines():
-        header = HUNK_HEADER.match(text)
-        if header:
-            old_line, new_line = int(header.group(1)), int(header.group(3))
-            in_hunk = True
-            continue
-        if not in_hunk or text.startswith("\\"):
-            continue
-        if text.startswith("+"):
-            added.add(new_line)
-            new_line += 1
-        elif text.startswith("-"):
-            removed.add(old_line)
-            old_line += 1
-        elif text.startswith(" ") or text == "":
-            context[new_line] = old_line
-            old_line += 1
-            new_line += 1
+    for hunk in parse_hunks(patch):
+        for line in hunk.trusted_lines:
+            if line.kind == "+" and line.new_line is not None:
+                added.add(line.new_line)
+            elif line.kind == "-" and line.old_line is not None:
+                removed.add(line.old_line)
+            elif line.new_line is not None and line.old_line is not None:
+                context[line.new_line] = line.old_line
     return DiffLines(frozenset(added), frozenset(removed), context)
 
 
 def count_patch_lines(patch: str | None) -> tuple[int, int]:
     """Count (additions, deletions) of a unified diff."""
-    lines = parse_diff_lines(patch)
-    return len(lines.added), len(lines.removed)
+    added = removed = 0
+    for hunk in parse_hunks(patch):
+        for line in hunk.lines:
+            added += line.kind == "+"
+            removed += line.kind == "-"
+    return added, removed
 
 
 @dataclass(slots=True)

@@ -168,6 +168,7 @@ class SimulatedBackend:
                                 "path": file.path,
                                 "line": line,
                                 "side": side,
+                                "quote": text.strip(),
                                 "severity": severity,
                                 "body": body,
                             }

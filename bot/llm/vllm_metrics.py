@@ -33,8 +33,12 @@ GENERATION_TOKENS = ("vllm:generation_tokens_total",)
 # Characters per token used to size a prompt before it is tokenized: code and diffs run
 # shorter per token than prose, so this errs towards more tokens.
 CHARS_PER_TOKEN = 3.0
-# Diff lines of source code average about 40 characters plus the +/- marker and the newline.
+# Diff lines of source code average about 40 characters plus the +/- marker and the newline
+# (with their share of unchanged lines: 16.2 per changed line over this repository's history).
 TOKENS_PER_DIFF_LINE = 16
+# The prompt numbers every line it shows ("123 +code"): 1.5 tokens more per changed line over
+# the same history (17.6 with numbers), rounded up.
+TOKENS_PER_LINE_NUMBER = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,15 +179,15 @@ def chunk_line_budget(
     *,
     max_tokens: int,
     fixed_prompt_tokens: int,
-    tokens_per_line: int = TOKENS_PER_DIFF_LINE,
+    tokens_per_line: int = TOKENS_PER_DIFF_LINE + TOKENS_PER_LINE_NUMBER,
     ceiling: int,
     floor: int = 20,
 ) -> int:
     """Diff lines one chunk may hold so prompt and answer fit the model's context.
 
     The context holds the fixed prompt (system prompt, framing, output contract), the chunk's
-    diff and up to `max_tokens` of answer. Never above `ceiling` (the configured budget) and
-    never under `floor`: a context too small for that is a configuration error.
+    numbered diff and up to `max_tokens` of answer. Never above `ceiling` (the configured
+    budget) and never under `floor`: a context too small for that is a configuration error.
     """
     room = max_model_len - max_tokens - fixed_prompt_tokens
     lines = room // max(1, tokens_per_line)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bot.diff import parse_hunks, split_lines
 from bot.model import ChunkPlan, FileChange
 
 DEFAULT_LINE_BUDGET = 400
@@ -59,7 +60,7 @@ def split_hunks(patch: str) -> list[str]:
     """Split a unified diff (GitHub/GitLab `patch` text) into hunks, each starting at `@@`."""
     hunks: list[list[str]] = []
     preamble: list[str] = []
-    for line in patch.splitlines():
+    for line in split_lines(patch):
         if line.startswith("@@"):
             hunks.append([line])
         elif hunks:
@@ -74,17 +75,14 @@ def split_hunks(patch: str) -> list[str]:
 
 
 def count_changed_lines(patch: str) -> int:
-    """Count added and removed lines of a unified diff, file headers excluded."""
-    return sum(
-        1
-        for line in patch.splitlines()
-        if line[:1] in ("+", "-") and not line.startswith(("+++ ", "--- "))
-    )
+    """Count added and removed lines of a unified diff's hunks (a changed line whose text
+    starts with "-- " or "++ " counts; the "---"/"+++" file headers before a hunk do not)."""
+    return sum(1 for hunk in parse_hunks(patch) for line in hunk.lines if line.kind in ("+", "-"))
 
 
 def _split_large_hunk(hunk: str, budget: int) -> list[str]:
     """Cut one hunk into parts of at most `budget` changed lines, each with a correct header."""
-    lines = hunk.splitlines()
+    lines = split_lines(hunk)
     header_index = next((i for i, line in enumerate(lines) if line.startswith("@@")), None)
     if header_index is None:
         return [hunk]
@@ -263,7 +261,8 @@ def plan_chunks(
     pieces: list[_Piece] = []
     skipped: list[SkippedFile] = []
     for index, change in enumerate(files):
-        reason = _skip_reason(skip, change)
+        # A deleted file's old text is not worth a call: the summary says it was deleted.
+        reason = "deleted" if change.status == "removed" else _skip_reason(skip, change)
         if reason is not None:
             skipped.append(SkippedFile(change.path, reason, change.changed_lines))
             continue

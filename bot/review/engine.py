@@ -8,9 +8,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from bot.diff import commentable_positions, file_lines, file_value
+from bot.diff import file_lines, file_value
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
 from bot.model import DEFAULT_CONTEXT_TOKENS, Job
+from bot.review.anchor import ANCHOR_OUTCOMES, index_files
 from bot.review.parse import (
     MAX_BODY_CHARS,
     MAX_FINDINGS_PER_CHUNK,
@@ -75,6 +76,7 @@ class ChunkReview:
     error: str | None = None
     workers: tuple[str, ...] = ()
     lines: int = 0
+    anchoring: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def gpu_seconds(self) -> float:
@@ -95,6 +97,7 @@ class ChunkReview:
             "error": self.error,
             "workers": list(self.workers),
             "usage": self.usage.to_dict(),
+            "anchoring": dict(self.anchoring),
         }
 
     @classmethod
@@ -121,6 +124,11 @@ class ChunkReview:
             error=data.get("error"),
             workers=tuple(str(worker) for worker in data.get("workers", ())),
             lines=int(data.get("lines", 0)),
+            anchoring={
+                str(k): int(v)
+                for k, v in (data.get("anchoring") or {}).items()
+                if k in ANCHOR_OUTCOMES
+            },
         )
 
 
@@ -139,7 +147,7 @@ async def review_chunk(
 ) -> ChunkReview:
     """Review one chunk; bot.errors.LLMError from the backend propagates (the chunk is retried)."""
     files = list(chunk_files)
-    positions = commentable_positions(files)
+    index = index_files(files)
     paths = tuple(str(file_value(file, "path", "")) for file in files)
     lines = sum(file_lines(file) for file in files)
     context = dict(metadata or {})
@@ -167,7 +175,7 @@ async def review_chunk(
         usage = usage.add(response)
         workers.append(response.worker)
         parsed = parse_review(
-            response.text, positions, max_findings=max_findings, max_body_chars=max_body_chars
+            response.text, index, max_findings=max_findings, max_body_chars=max_body_chars
         )
         if parsed.ok:
             break
@@ -204,6 +212,7 @@ async def review_chunk(
         error=None if attempts == 1 else f"first answer unusable: {first_error}",
         workers=tuple(workers),
         lines=lines,
+        anchoring=dict(parsed.anchoring),
     )
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bot.diff import split_lines
 from bot.forges.base import SUMMARY_MARKER
 from bot.increment import UNCHANGED
-from bot.review.assemble import SKIP_REASON_TEXT, SkippedFile, code
+from bot.review.assemble import NOT_ANCHORED_HEADING, SKIP_REASON_TEXT, SkippedFile, code
 from bot.review.parse import SEVERITY_RANK
 
 MAX_LISTED = 30  # findings listed per section; the rest are counted
@@ -56,11 +57,17 @@ class SummaryFacts:
     notes: Sequence[str] = ()  # partial review, dropped comments, settings problems
     part_summaries: Sequence[str] = field(default_factory=tuple)
     job_id: int | None = None
+    # Findings of this review no diff line matched, or the forge refused: file and text.
+    not_anchored: Sequence[ListedFinding] = ()
 
 
 def _first_line(text: str) -> str:
     stripped = text.strip()
-    return stripped.splitlines()[0] if stripped else ""
+    return split_lines(stripped)[0] if stripped else ""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(split_lines(text.strip()))
 
 
 def _listed(items: Sequence[ListedFinding]) -> list[str]:
@@ -104,6 +111,17 @@ def render_living_summary(facts: SummaryFacts) -> str:
         lines += ["", "#### New in this review", *_listed(facts.new)]
     if facts.resolved:
         lines += ["", "#### Resolved (the code is gone)", *_listed(facts.resolved)]
+    if facts.not_anchored:
+        lines += ["", NOT_ANCHORED_HEADING]
+        for found in sorted(
+            facts.not_anchored, key=lambda f: (SEVERITY_RANK.get(f.severity, 9), f.path)
+        )[:MAX_LISTED]:
+            label = SEVERITY_LABEL.get(found.severity, found.severity.title())
+            where = f" (named line {found.line})" if found.line else ""
+            note = f" _({found.note})_" if found.note else ""
+            lines.append(f"- **{label}** {code(found.path)}{where}: {_one_line(found.body)}{note}")
+        if len(facts.not_anchored) > MAX_LISTED:
+            lines.append(f"- and {len(facts.not_anchored) - MAX_LISTED} more")
     still_open = [item for item in facts.open_findings if item not in set(facts.new)]
     if still_open:
         lines += ["", "#### Still open from earlier reviews", *_listed(still_open)]

@@ -11,11 +11,13 @@ from typing import Any
 
 from bot.diff import SIDES, Side
 from bot.model import SEVERITIES
+from bot.review.anchor import ANCHOR_OUTCOMES, FileLines, anchor_finding, normalize_path
 
 MAX_FINDINGS_PER_CHUNK = 20
 MAX_BODY_CHARS = 2_000
 MAX_SUMMARY_CHARS = 1_000
 MAX_PATH_CHARS = 1_000
+MAX_QUOTE_CHARS = 2_000
 
 SEVERITY_RANK: Mapping[str, int] = {name: rank for rank, name in enumerate(SEVERITIES)}
 SEVERITY_ALIASES: Mapping[str, str] = {
@@ -39,50 +41,94 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One review comment on one line of the diff."""
+    """One review finding and where the bot anchored it.
+
+    `anchor` is the anchoring outcome (bot.review.anchor); a `summary_only` finding has no
+    place on the diff (`line` is what the model named, 0 if nothing) and is listed in the
+    summary. `start_line` opens a range ending at `line`; `suggestion` is replacement code
+    for exactly the lines start_line..line; `quote` is the model's text of the line.
+    """
 
     path: str
     line: int
     side: Side
     severity: str
     body: str
+    anchor: str = "exact"
+    start_line: int | None = None
+    quote: str | None = None
+    suggestion: str | None = None
+
+    @property
+    def placed(self) -> bool:
+        return self.anchor != "summary_only"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "path": self.path,
             "line": self.line,
             "side": self.side,
             "severity": self.severity,
             "body": self.body,
         }
+        if self.anchor != "exact":
+            data["anchor"] = self.anchor
+        for key, value in (
+            ("start_line", self.start_line),
+            ("quote", self.quote),
+            ("suggestion", self.suggestion),
+        ):
+            if value is not None:
+                data[key] = value
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
         side = data["side"]
         if side not in SIDES:
             raise ValueError(f"bad side {side!r}")
+        anchor = str(data.get("anchor") or "exact")
+        if anchor not in ANCHOR_OUTCOMES:
+            raise ValueError(f"bad anchor {anchor!r}")
+        start = data.get("start_line")
+        quote = data.get("quote")
+        suggestion = data.get("suggestion")
         return cls(
             path=str(data["path"]),
             line=int(data["line"]),
             side=side,
             severity=str(data["severity"]),
             body=str(data["body"]),
+            anchor=anchor,
+            start_line=int(start) if start is not None else None,
+            quote=str(quote) if quote is not None else None,
+            suggestion=str(suggestion) if suggestion is not None else None,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedChunk:
-    """Findings that survived checking, the chunk summary, what was dropped, and any error."""
+    """Findings that survived checking (placed and summary-only), the chunk summary, what was
+    dropped, how each finding was anchored, and any error."""
 
     findings: tuple[Finding, ...]
     summary: str
     dropped: int
     error: str | None
     drop_reasons: Mapping[str, int] = field(default_factory=dict)
+    anchoring: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def placed(self) -> tuple[Finding, ...]:
+        return tuple(finding for finding in self.findings if finding.placed)
+
+    @property
+    def unanchored(self) -> tuple[Finding, ...]:
+        return tuple(finding for finding in self.findings if not finding.placed)
 
 
 def sanitize_text(text: str, *, max_chars: int) -> str:
@@ -156,43 +202,43 @@ def resolve_path(value: Any, paths: Collection[str]) -> str | None:
     """The chunk path a finding names, accepting git's a/ or b/ prefixes and a leading ./"""
     if not isinstance(value, str) or not value or len(value) > MAX_PATH_CHARS:
         return None
-    candidates = [value.strip()]
-    for prefix in ("a/", "b/", "./", "/"):
-        if candidates[0].startswith(prefix):
-            candidates.append(candidates[0][len(prefix) :])
-    for candidate in candidates:
-        if candidate in paths:
-            return candidate
-    return None
+    return normalize_path(value, paths)
+
+
+def _side_of(value: Any) -> Side | str | None:
+    """RIGHT/LEFT, None when not given, or the reason it is unusable."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().upper() in SIDES:
+        return "RIGHT" if value.strip().upper() == "RIGHT" else "LEFT"
+    return "bad_side"
+
+
+def _optional_text(value: Any, *, max_chars: int) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return value[:max_chars]
 
 
 def check_finding(
     item: Any,
-    positions: Collection[tuple[str, Side, int]],
-    paths: Collection[str],
+    index: Mapping[str, FileLines],
     *,
     max_body_chars: int,
 ) -> Finding | str:
-    """A Finding, or the reason the item is dropped."""
+    """A Finding anchored on the diff (or marked summary_only), or why the item is dropped."""
     if not isinstance(item, Mapping):
         return "not_an_object"
-    path = resolve_path(item.get("path"), paths)
-    if path is None:
+    raw_path = item.get("path")
+    if not isinstance(raw_path, str) or not raw_path.strip() or len(raw_path) > MAX_PATH_CHARS:
         return "unknown_path"
-    line = normalize_line(item.get("line"))
-    if line is None:
+    raw_line = item.get("line")
+    line = normalize_line(raw_line)
+    if raw_line is not None and line is None:
         return "bad_line"
-    raw_side = item.get("side")
-    side: Side
-    if raw_side is None:
-        # No side given: an added/context line is on the right; else a deleted line on the left.
-        side = "RIGHT" if (path, "RIGHT", line) in positions else "LEFT"
-    elif isinstance(raw_side, str) and raw_side.strip().upper() in SIDES:
-        side = "RIGHT" if raw_side.strip().upper() == "RIGHT" else "LEFT"
-    else:
+    side = _side_of(item.get("side"))
+    if side == "bad_side":
         return "bad_side"
-    if (path, side, line) not in positions:
-        return "line_not_in_diff"
     severity = normalize_severity(item.get("severity"))
     if severity is None:
         return "bad_severity"
@@ -202,17 +248,39 @@ def check_finding(
     body = sanitize_text(body_value, max_chars=max_body_chars)
     if not body:
         return "no_body"
-    return Finding(path=path, line=line, side=side, severity=severity, body=body)
+    quote = _optional_text(item.get("quote"), max_chars=MAX_QUOTE_CHARS)
+    start_line = normalize_line(item.get("start_line"))
+    placement = anchor_finding(
+        index,
+        path=raw_path,
+        side=side if side in SIDES else None,
+        line=line,
+        quote=quote,
+        start_line=start_line,
+    )
+    suggestion = item.get("suggestion")
+    return Finding(
+        path=CONTROL.sub("?", placement.path),
+        line=placement.line or 0,
+        side=placement.side,
+        severity=severity,
+        body=body,
+        anchor=placement.outcome,
+        start_line=placement.start_line,
+        quote=quote,
+        suggestion=suggestion[:MAX_BODY_CHARS] if isinstance(suggestion, str) else None,
+    )
 
 
 def parse_review(
     text: str,
-    positions: Collection[tuple[str, Side, int]],
+    index: Mapping[str, FileLines],
     *,
     max_findings: int = MAX_FINDINGS_PER_CHUNK,
     max_body_chars: int = MAX_BODY_CHARS,
 ) -> ParsedChunk:
-    """Check the model's answer; findings off the diff's lines are dropped and counted."""
+    """Check the model's answer and anchor each finding on the chunk's diff (`index_files`);
+    a finding that cannot be placed is kept for the summary, malformed ones are counted."""
     document = extract_json_object(text)
     if document is None:
         return ParsedChunk((), "", 0, "no JSON object in the answer")
@@ -225,11 +293,10 @@ def parse_review(
     if summary_value is not None and not isinstance(summary_value, str):
         return ParsedChunk((), "", 0, '"summary" is not a string')
     summary = sanitize_text(summary_value or "", max_chars=MAX_SUMMARY_CHARS)
-    paths = {path for path, _, _ in positions}
     reasons: Counter[str] = Counter()
     kept: dict[tuple[str, str, int, str], Finding] = {}
     for item in raw_findings:
-        checked = check_finding(item, positions, paths, max_body_chars=max_body_chars)
+        checked = check_finding(item, index, max_body_chars=max_body_chars)
         if isinstance(checked, str):
             reasons[checked] += 1
             continue
@@ -245,12 +312,14 @@ def parse_review(
         reasons["over_cap"] += len(ordered) - max_findings
         ordered = ordered[:max_findings]
     ordered.sort(key=lambda f: (f.path, f.line, f.side))
+    anchoring = Counter(finding.anchor for finding in ordered)
     return ParsedChunk(
         findings=tuple(ordered),
         summary=summary,
         dropped=sum(reasons.values()),
         error=None,
         drop_reasons=dict(sorted(reasons.items())),
+        anchoring={outcome: anchoring[outcome] for outcome in ANCHOR_OUTCOMES},
     )
 
 
@@ -260,5 +329,6 @@ def build_retry_reminder(error: str) -> str:
         f"IMPORTANT: your previous answer could not be used ({error}). Reply again with ONLY one "
         'JSON object of the form {"findings": [...], "summary": "..."} exactly as the output '
         "contract says: no prose, no code fence, no text before or after the object. Every "
-        'finding needs "path", "line" (an integer from the diff), "side", "severity" and "body".'
+        'finding needs "path", "line" (the number shown before the line), "side", "quote" '
+        '(the text of that line), "severity" and "body".'
     )

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from bot.diff import commentable_positions
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     ForgeClient,
@@ -23,6 +22,7 @@ from bot.forges.base import (
 from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
 from bot.queue.records import Fence
 from bot.queue.store import QueueStore
+from bot.review.anchor import index_files
 from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.parse import parse_review
@@ -79,13 +79,14 @@ def review_chunk_of(chunk: Chunk) -> StoredChunk:
     """A stored chunk for the assembler; a raw model answer is checked against the diff here."""
     result = chunk.result
     if result and "status" not in result and isinstance(result.get("text"), str):
-        parsed = parse_review(str(result["text"]), commentable_positions(chunk.files))
+        parsed = parse_review(str(result["text"]), index_files(chunk.files))
         result = {
             "status": "ok" if parsed.ok else "unparsable",
             "findings": [finding.to_dict() for finding in parsed.findings],
             "summary": parsed.summary,
             "dropped": parsed.dropped,
             "error": parsed.error,
+            "anchoring": dict(parsed.anchoring),
         }
         chunk = Chunk(
             id=chunk.id,

@@ -183,7 +183,12 @@ def summary_facts(
         for item in increment.get("unchanged", ())
     )
     skipped.extend(SkippedFile(str(path), EXCLUDED) for path in job.request.get("excluded") or ())
+    not_anchored = [
+        ListedFinding(item.path, item.line, item.severity, item.body)
+        for item in assembled.unanchored
+    ]
     return SummaryFacts(
+        not_anchored=not_anchored,
         head_sha=str((job.request.get("diff") or {}).get("head_sha") or job.head_sha),
         mode=mode,
         mode_reason=reason,
