@@ -115,7 +115,7 @@ def test_review_schema_narrows_paths_and_cap() -> None:
 
 def test_every_diff_line_carries_its_number() -> None:
     user = build_messages(files())[1]["content"]
-    assert "10      value = event[\"value\"]" in user
+    assert '10      value = event["value"]' in user
     assert "11 -    return value" in user  # a removed line: its old-file number
     assert "11 +    checked = validate(value)" in user  # added: its new-file number
     assert "13 +    return checked" in user

@@ -40,9 +40,7 @@ from bot.model import FileChange, Forge
 
 def _patch(before: str | None, after: str | None) -> tuple[str | None, int, int]:
     lines = list(
-        difflib.unified_diff(
-            split_lines(before or ""), split_lines(after or ""), lineterm="", n=3
-        )
+        difflib.unified_diff(split_lines(before or ""), split_lines(after or ""), lineterm="", n=3)
     )[2:]
     additions = sum(1 for line in lines if line.startswith("+"))
     deletions = sum(1 for line in lines if line.startswith("-"))
