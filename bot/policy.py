@@ -15,6 +15,8 @@ from yaml.constructor import SafeConstructor
 
 from bot.errors import PolicyError
 from bot.model import Level, PolicyDecision, ReviewRequest
+from bot.wording import change_name
+from bot.yaml_lines import yaml_error_line
 
 DEFAULT_POLICY_NAME = "default.yaml"
 REPO_SEPARATOR = "__"
@@ -23,7 +25,7 @@ SIZE_PENDING_REASON = "size not known yet: size rules are checked again once the
 NO_RULE_REASON = "no policy rule matched: ordinary review"
 REASON_FIELDS = frozenset(
     {"repo", "number", "author", "base_ref", "head_ref", "action", "labels", "files_changed",
-     "changed_lines"}
+     "changed_lines", "change"}
 )  # fmt: skip
 
 
@@ -156,6 +158,7 @@ def render_reason(template: str, request: ReviewRequest) -> str:
         "labels": ", ".join(request.labels) or "none",
         "files_changed": "unknown" if request.files_changed is None else request.files_changed,
         "changed_lines": "unknown" if request.changed_lines is None else request.changed_lines,
+        "change": change_name(request.forge),  # "pull request", or GitLab's "merge request"
     }
     return template.format_map(values)
 
@@ -199,9 +202,8 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
         problem = " ".join(part for part in (exc.context, exc.problem) if part)
-        line = mark.line + 1 if mark is not None else None
+        line = yaml_error_line(text, exc)
         raise PolicyError(f"bad YAML: {problem}", path=source, line=line) from exc
     except yaml.YAMLError as exc:
         raise PolicyError(f"bad YAML: {exc}", path=source) from exc

@@ -11,7 +11,7 @@ from bot.config import DEFAULT_POLICY_DIR
 from bot.emulator import Fault, ForgeEmulator, generate_file_changes
 from bot.forges.registry import ForgeRegistry
 from bot.model import JobState, Level
-from bot.policy import PolicyBook, evaluate, load_policy_book
+from bot.policy import SIZE_PENDING_REASON, PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.planner import PlanningSettings, claim_and_plan_jobs
 from bot.sched.mlfq import CONTINUATION_RANK_OFFSET
@@ -147,6 +147,29 @@ async def test_gitlab_sizes_are_known_after_the_diff_and_move_the_level(
         newest.start_sha,
         newest.head_sha,
     )
+
+
+async def test_a_stale_size_reason_is_replaced_once_the_diff_is_known(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+) -> None:
+    """A small merge request stays P1, but "size not known yet" is no longer true: the job's
+    reasons (what its summary and status say) are decided again, in GitLab's words."""
+    files = generate_file_changes(changed_lines=30, files=2, seed=2)
+    pull = emulator.state.add_pull("gitlab", "acme/platform/api", 10, files=files)
+    job_id = await submit(store, book, clock, request_for(pull))
+    before = await store.get_job(job_id)
+    assert before is not None
+    assert list(before.reasons) == ["ordinary merge request", SIZE_PENDING_REASON]
+
+    await claim_and_plan_jobs(store, forges, book, now=clock.now())
+
+    job = await store.get_job(job_id)
+    assert job is not None and job.level == Level.P1
+    assert list(job.reasons) == ["ordinary merge request"]
 
 
 async def test_a_missing_pull_request_cancels_the_job_with_the_reason(

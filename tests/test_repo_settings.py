@@ -69,6 +69,52 @@ def test_a_broken_file_is_named_with_its_line(text: str, where: str, problem: st
     assert problem in message
 
 
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        # PyYAML notices each of these on the next line; the mistake is on this one.
+        ("reviews:\n  auto true\n  drafts: false\n", 2),  # a key without its colon
+        ('paths:\n  include: ["src/**"\n  exclude: []\n', 2),  # a list left open
+        ("inline: {min_severity: minor\nreviews: {auto: true}\n", 1),  # a mapping left open
+        ('instructions:\n  - path: "src/**\n    text: x\n', 2),  # a quote left open
+        ("reviews:\n  auto: true\n drafts: false\n", 3),  # bad indentation: this line
+        ("paths:\n  include: x\n  - y\n", 3),
+    ],
+)
+def test_broken_yaml_names_the_line_the_mistake_is_on(text: str, line: int) -> None:
+    with pytest.raises(RepoSettingsError) as caught:
+        parse_repo_settings(text)
+    assert caught.value.line == line, str(caught.value)
+    assert str(caught.value).startswith(f".review-bot.yaml:{line}: bad YAML")
+
+
+def test_every_problem_of_a_file_is_reported_in_line_order() -> None:
+    text = (
+        "version: 1\n"
+        "reviews:\n"
+        "  auto: maybe\n"  # 3
+        "  colour: blue\n"  # 4
+        "paths:\n"
+        "  include: ['src/[a']\n"  # 6
+        "instructions:\n"
+        "  - path: 'a/**'\n"  # 8
+        "inline:\n"
+        "  min_severity: loud\n"  # 10
+        "  max_comments: -1\n"  # 11
+        "priority: P0\n"  # 12
+    )
+    with pytest.raises(RepoSettingsError) as caught:
+        parse_repo_settings(text)
+    problems = caught.value.problems
+    assert [problem.split(":")[1] for problem in problems] == [
+        "3", "4", "6", "8", "10", "11", "12"
+    ]  # fmt: skip
+    assert "reviews.auto must be true or false" in problems[0]
+    assert "unknown key 'colour'" in problems[1]
+    assert "levels come from the server's policies" in problems[-1]
+    assert caught.value.line == 3 and str(caught.value) == "; ".join(problems)
+
+
 def test_include_and_exclude_select_the_files() -> None:
     files = [FileChange(path) for path in ("app/a.py", "app/generated/b.py", "docs/c.md")]
     kept, left_out = select_files(files, parse_repo_settings(GOOD))

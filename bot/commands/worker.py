@@ -43,6 +43,7 @@ from bot.outage import OutageWatch
 from bot.policy import PolicyBook, evaluate
 from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for, request_from_json
 from bot.review.deferral import RetryBudget
+from bot.wording import for_forge
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +321,7 @@ class CommandWorker:
                 job_id=touched,
             )  # fmt: skip
         body = render_reply(
-            [result.reply for result in results],
+            [for_forge(result.reply, forge) for result in results],
             author=author,
             marker=render_reply_marker(delivery.id),
         )

@@ -322,7 +322,8 @@ class JobRecords(JobLevels):
         details: Mapping[str, Any] | None = None,
         fence: Fence | None = None,
     ) -> bool:
-        """Store a job's chunks (once); a re-evaluated decision may move its level.
+        """Store a job's chunks (once); a re-evaluated decision replaces the job's reasons
+        (a guess such as "size not known yet" goes stale with the diff) and may move its level.
 
         `details` (skipped files, the diff's shas) is merged into the job's stored request.
         With a `fence`, only while that planning attempt still holds the job's claim.
@@ -354,6 +355,11 @@ class JobRecords(JobLevels):
                 job = job_from_row(
                     (await conn.execute(jobs_sql.SELECT_JOB, {"job_id": job_id})).one()
                 )
+                if list(decision.reasons) != list(job.reasons):
+                    await conn.execute(
+                        jobs_sql.SET_JOB_REASONS,
+                        {"job_id": job_id, "reasons": to_json(list(decision.reasons))},
+                    )
                 if decision.level != job.base_level and decision.level != job.level:
                     await self._change_level(
                         conn,

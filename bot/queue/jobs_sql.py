@@ -224,6 +224,11 @@ SELECT_QUEUE_POSITION = _sql(
 # The policy's level changes with the change itself (labels, size), not a person's say.
 SET_BASE_LEVEL = _sql("UPDATE review_jobs SET base_level = :level WHERE id = :job_id")
 
+# The policy's reasons, re-decided once the diff's size is known (a hook's guesses go stale).
+SET_JOB_REASONS = _sql(
+    "UPDATE review_jobs SET reasons = CAST(:reasons AS jsonb) WHERE id = :job_id"
+)
+
 # A planning or posting try failed with a retryable error: count it (per kind, in the request)
 # and set when the next try may start, giving the claim back; no row when the job has ended
 # meanwhile, or (with a fence) when that attempt no longer holds its claim.

@@ -15,6 +15,7 @@ from bot.forges.base import SUMMARY_MARKER
 from bot.increment import UNCHANGED
 from bot.review.assemble import NOT_ANCHORED_HEADING, SKIP_REASON_TEXT, SkippedFile, code
 from bot.review.parse import SEVERITY_RANK
+from bot.wording import for_forge
 
 MAX_LISTED = 30  # findings listed per section; the rest are counted
 SEVERITY_LABEL = {"critical": "Critical", "major": "Major", "minor": "Minor", "info": "Note"}
@@ -59,6 +60,7 @@ class SummaryFacts:
     job_id: int | None = None
     # Findings of this review no diff line matched, or the forge refused: file and text.
     not_anchored: Sequence[ListedFinding] = ()
+    forge: str = "github"  # the bot's own words follow it (GitLab: merge request)
 
 
 def _first_line(text: str) -> str:
@@ -85,11 +87,8 @@ def _listed(items: Sequence[ListedFinding]) -> list[str]:
 
 def render_living_summary(facts: SummaryFacts) -> str:
     """The summary comment's markdown, hidden marker first."""
-    covered = (
-        f"incremental, {facts.mode_reason}"
-        if facts.mode == "incremental"
-        else f"full review: {facts.mode_reason}"
-    )
+    reason = for_forge(facts.mode_reason, facts.forge)
+    covered = f"incremental, {reason}" if facts.mode == "incremental" else f"full review: {reason}"
     tally = (
         f"{len(facts.open_findings)} open · {len(facts.new)} new · {len(facts.resolved)} resolved"
     )
@@ -104,7 +103,7 @@ def render_living_summary(facts: SummaryFacts) -> str:
         f"**Findings:** {tally}.",
     ]
     if facts.notes:
-        lines += ["", *(f"> {note}" for note in facts.notes)]
+        lines += ["", *(f"> {for_forge(note, facts.forge)}" for note in facts.notes)]
     if facts.part_summaries:
         lines += ["", *(f"- {text}" for text in facts.part_summaries)]
     if facts.new:
@@ -131,7 +130,7 @@ def render_living_summary(facts: SummaryFacts) -> str:
     if skipped or unchanged:
         lines += ["", "#### Skipped"]
         for item in skipped[:MAX_LISTED]:
-            reason = SKIP_REASON_TEXT.get(item.reason, item.reason)
+            reason = for_forge(SKIP_REASON_TEXT.get(item.reason, item.reason), facts.forge)
             lines.append(f"- {code(item.path)}: {reason}")
         if len(skipped) > MAX_LISTED:
             lines.append(f"- and {len(skipped) - MAX_LISTED} more")

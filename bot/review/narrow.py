@@ -111,7 +111,13 @@ class IncrementNarrower:
         try:
             parsed = parse_repo_settings(found.text)
         except RepoSettingsError as exc:
-            parsed, notes = RepoSettings(), (f"`{exc}`; the server's defaults apply.",)
+            # One note per problem, so a file with several is fixed in one go.
+            *earlier, last = exc.problems
+            notes = (
+                *(f"`{problem}`" for problem in earlier),
+                f"`{last}`; the server's defaults apply.",
+            )
+            parsed = RepoSettings()
             log.warning(
                 "job %s: %s",
                 job.id,

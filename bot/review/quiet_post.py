@@ -202,6 +202,7 @@ def summary_facts(
         commits=commits,
         notes=notes,
         job_id=job.id,
+        forge=job.forge,
     )
 
 

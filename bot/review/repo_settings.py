@@ -21,7 +21,9 @@ defaults apply.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -31,6 +33,7 @@ from bot.diff import fence_for, file_value
 from bot.errors import ReviewBotError
 from bot.model import SEVERITIES, FileChange
 from bot.policy import _Reader, compile_glob
+from bot.yaml_lines import yaml_error_line
 
 SETTINGS_PATH = ".review-bot.yaml"
 EXCLUDED = f"excluded by {SETTINGS_PATH}"
@@ -39,12 +42,27 @@ LEVEL_KEYS = frozenset({"level", "levels", "priority", "priorities"})
 
 
 class RepoSettingsError(ReviewBotError):
-    """The settings file is broken; the message names the file and line."""
+    """The settings file is broken; the message names the file and the line of each problem."""
 
     def __init__(self, message: str, *, line: int | None = None) -> None:
-        where = f"{SETTINGS_PATH}:{line}" if line is not None else SETTINGS_PATH
-        super().__init__(f"{where}: {message}")
+        self.problems: tuple[str, ...] = (_where(line, message),)
+        super().__init__(self.problems[0])
         self.line = line
+
+    @classmethod
+    def of(cls, problems: Sequence[tuple[int | None, str]]) -> RepoSettingsError:
+        """Every problem of the file, in line order (the first one's line is `line`)."""
+        ordered = sorted(problems, key=lambda item: item[0] or 0)
+        error = cls(ordered[0][1], line=ordered[0][0])
+        error.problems = tuple(_where(line, message) for line, message in ordered)
+        error.args = ("; ".join(error.problems),)
+        return error
+
+
+def _where(line: int | None, message: str) -> str:
+    return (
+        f"{SETTINGS_PATH}:{line}: {message}" if line is not None else f"{SETTINGS_PATH}: {message}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +97,44 @@ class RepoSettings:
         }
 
 
+class _Problem(Exception):
+    """One problem recorded; the part it was found in is skipped, the rest is still read."""
+
+
 class _SettingsReader(_Reader):
+    """A reader that records every problem instead of stopping at the first."""
+
+    def __init__(self) -> None:
+        super().__init__(SETTINGS_PATH)
+        self.problems: list[tuple[int | None, str]] = []
+
+    def note(self, node: yaml.Node, message: str) -> None:
+        self.problems.append((node.start_mark.line + 1, message))
+
     def fail(self, node: yaml.Node, message: str) -> NoReturn:
-        raise RepoSettingsError(message, line=node.start_mark.line + 1)
+        self.note(node, message)
+        raise _Problem(message)
+
+    def attempt(self, parse: Callable[[], None]) -> None:
+        """Run one part of the parse; a problem in it is recorded and the parse goes on."""
+        with contextlib.suppress(_Problem):
+            parse()
+
+    def mapping(self, node: yaml.Node, what: str, allowed: set[str]) -> dict[str, yaml.Node]:
+        """The known keys of a mapping; unknown and repeated keys are recorded and left out."""
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what} must be a mapping")
+        entries: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if not isinstance(key, str) or key not in allowed:
+                known = ", ".join(sorted(allowed - LEVEL_KEYS))
+                self.note(key_node, f"unknown key {key!r} in {what} (known: {known})")
+            elif key in entries:
+                self.note(key_node, f"key {key!r} appears twice in {what}")
+            else:
+                entries[key] = value_node
+        return entries
 
 
 def _globs(reader: _SettingsReader, node: yaml.Node, what: str) -> tuple[str, ...]:
@@ -90,75 +143,98 @@ def _globs(reader: _SettingsReader, node: yaml.Node, what: str) -> tuple[str, ..
         try:
             compile_glob(text)
         except ValueError as exc:
-            reader.fail(item, f"{what}: bad glob {text!r}: {exc}")
+            reader.note(item, f"{what}: bad glob {text!r}: {exc}")
+            continue
         found.append(text)
     return tuple(found)
 
 
+TOP_KEYS = {"version", "reviews", "paths", "instructions", "inline"}
+
+
 def parse_repo_settings(text: str) -> RepoSettings:
-    """Parse the settings file; raises RepoSettingsError naming `.review-bot.yaml:line`."""
+    """Parse the settings file; raises RepoSettingsError naming `.review-bot.yaml:line` for
+    every problem in it (a YAML syntax error stops the reading where it is)."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
         problem = " ".join(part for part in (exc.context, exc.problem) if part)
-        raise RepoSettingsError(
-            f"bad YAML: {problem}", line=mark.line + 1 if mark is not None else None
-        ) from exc
+        raise RepoSettingsError(f"bad YAML: {problem}", line=yaml_error_line(text, exc)) from exc
     except yaml.YAMLError as exc:
         raise RepoSettingsError(f"bad YAML: {exc}") from exc
     if root is None:
         return RepoSettings()
-    reader = _SettingsReader(SETTINGS_PATH)
-    if isinstance(root, yaml.MappingNode):
-        for key_node, _ in root.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.value in LEVEL_KEYS:
-                reader.fail(
-                    key_node,
-                    f"`{key_node.value}` cannot be set here: levels come from the server's "
-                    "policies (P0 only from a trigger) and permitted commands",
-                )
-    top = reader.mapping(
-        root, "the settings", {"version", "reviews", "paths", "instructions", "inline"}
-    )
-    if "version" in top and reader.scalar(top["version"], "version", int) != 1:
-        reader.fail(top["version"], "unsupported version (this bot reads 1)")
+    reader = _SettingsReader()
     values: dict[str, Any] = {}
-    if "reviews" in top:
-        reviews = reader.mapping(top["reviews"], "reviews", {"auto", "drafts"})
-        for key, node in reviews.items():
-            values[key] = reader.scalar(node, f"reviews.{key}", bool)
-    if "paths" in top:
-        paths = reader.mapping(top["paths"], "paths", {"include", "exclude"})
-        for key, node in paths.items():
-            values[key] = _globs(reader, node, f"paths.{key}")
-    if "instructions" in top:
+    top: dict[str, yaml.Node] = {}
+
+    def read_top() -> None:
+        top.update(reader.mapping(root, "the settings", TOP_KEYS | LEVEL_KEYS))
+        for key in LEVEL_KEYS & set(top):
+            key_node = next(k for k, v in root.value if v is top[key])
+            reader.note(
+                key_node,
+                f"`{key}` cannot be set here: levels come from the server's "
+                "policies (P0 only from a trigger) and permitted commands",
+            )
+
+    def read_version() -> None:
+        if "version" in top and reader.scalar(top["version"], "version", int) != 1:
+            reader.fail(top["version"], "unsupported version (this bot reads 1)")
+
+    def read_section(name: str, keys: set[str], read: Callable[[str, yaml.Node], None]) -> None:
+        if name not in top:
+            return
+        section = reader.mapping(top[name], name, keys)
+        for key, node in section.items():
+            reader.attempt(functools.partial(read, key, node))
+
+    def read_flag(key: str, node: yaml.Node) -> None:
+        values[key] = reader.scalar(node, f"reviews.{key}", bool)
+
+    def read_paths(key: str, node: yaml.Node) -> None:
+        values[key] = _globs(reader, node, f"paths.{key}")
+
+    def read_inline(key: str, node: yaml.Node) -> None:
+        if key == "min_severity":
+            severity = reader.text(node, "inline.min_severity").lower()
+            if severity not in SEVERITIES:
+                reader.fail(node, f"inline.min_severity must be one of {', '.join(SEVERITIES)}")
+            values["min_severity"] = severity
+        else:
+            cap = reader.scalar(node, "inline.max_comments", int)
+            if cap < 0:
+                reader.fail(node, "inline.max_comments must be 0 or more")
+            values["max_comments"] = cap
+
+    def read_instructions() -> None:
+        if "instructions" not in top:
+            return
         node = top["instructions"]
         if not isinstance(node, yaml.SequenceNode):
             reader.fail(node, "instructions must be a list of {path, text}")
-        instructions = []
-        for item in node.value:
+        instructions: list[PathInstruction] = []
+
+        def read_one(item: yaml.Node) -> None:
             entry = reader.mapping(item, "an instruction", {"path", "text"})
             if "path" not in entry or "text" not in entry:
                 reader.fail(item, "an instruction needs both `path` and `text`")
-            [glob] = _globs(reader, entry["path"], "instructions.path")
-            instructions.append(PathInstruction(glob, reader.text(entry["text"], "text")))
+            globs = _globs(reader, entry["path"], "instructions.path")
+            text = reader.text(entry["text"], "text")
+            instructions.extend(PathInstruction(glob, text) for glob in globs[:1])
+
+        for item in node.value:
+            reader.attempt(functools.partial(read_one, item))
         values["instructions"] = tuple(instructions)
-    if "inline" in top:
-        inline = reader.mapping(top["inline"], "inline", {"min_severity", "max_comments"})
-        if "min_severity" in inline:
-            severity = reader.text(inline["min_severity"], "inline.min_severity").lower()
-            if severity not in SEVERITIES:
-                reader.fail(
-                    inline["min_severity"],
-                    f"inline.min_severity must be one of {', '.join(SEVERITIES)}",
-                )
-            values["min_severity"] = severity
-        if "max_comments" in inline:
-            cap = reader.scalar(inline["max_comments"], "inline.max_comments", int)
-            if cap < 0:
-                reader.fail(inline["max_comments"], "inline.max_comments must be 0 or more")
-            values["max_comments"] = cap
+
+    reader.attempt(read_top)
+    reader.attempt(read_version)
+    reader.attempt(lambda: read_section("reviews", {"auto", "drafts"}, read_flag))
+    reader.attempt(lambda: read_section("paths", {"include", "exclude"}, read_paths))
+    reader.attempt(read_instructions)
+    reader.attempt(lambda: read_section("inline", {"min_severity", "max_comments"}, read_inline))
+    if reader.problems:
+        raise RepoSettingsError.of(reader.problems)
     return RepoSettings(**values)
 
 
