@@ -52,6 +52,9 @@ def status_publisher(
             neutral_at=settings.status_neutral_at,
             interval_s=settings.status_interval_s,
             rules=PublishRules(updates_per_hour=settings.status_updates_per_hour),
+            # Held across passes: a publisher that stops passing (dead, paused) is taken over
+            # after a lease, and its writes are fenced from then on.
+            lease_s=max(settings.scheduler.lease_s, 3 * settings.status_interval_s),
         ),
     )
 

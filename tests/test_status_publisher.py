@@ -482,3 +482,61 @@ async def test_the_publisher_wakes_when_a_job_changes_state_not_on_a_timer(
         stop.set()
         await running
     assert states()[0] == "pending" and states()[-1] == "failure"
+
+
+class _StallsAfterFirstWrite:
+    """A status writer whose first write reaches the forge and whose answer then waits (the
+    publisher is paused with the call on the wire) until `resume` is set."""
+
+    def __init__(self, inner: GitHubClient) -> None:
+        self.inner = inner
+        self.stalled = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    async def publish_status(self, update: StatusUpdate) -> Any:
+        written = await self.inner.publish_status(update)
+        if not self.stalled.is_set():
+            self.stalled.set()
+            await self.resume.wait()
+        return written
+
+
+async def test_a_publisher_resuming_after_a_takeover_writes_and_records_nothing(
+    store: QueueStore, emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    first, second = (emulator.state.add_pull("github", REPO, n, files=FILES) for n in (21, 22))
+    stale_job = await queue_job(store, clock, first, 40)
+    other_job = await queue_job(store, clock, second, 40)
+    stalling = _StallsAfterFirstWrite(token_client(emulator, session, clock))
+    stale = publisher(store, {"github": stalling}, clock)
+    fresh = publisher(store, {"github": token_client(emulator, session, clock)}, clock)
+    paused = asyncio.create_task(stale.publish_once(clock.now()))
+    await wait_until(
+        lambda: _is_set(stalling.stalled), timeout_s=10, what="the stale write on the wire"
+    )
+    # The lease runs out while the stale publisher waits; another takes over, and both reviews
+    # end before the stale one resumes.
+    clock.advance(stale.settings.lease_s + 1)
+    assert (await fresh.publish_once(clock.now())).written == 2
+    await run_job(store, clock, {"counts": {}, "url": "https://example.test/r"})
+    await run_job(store, clock, {"counts": {}, "url": "https://example.test/r"})
+    assert (await fresh.publish_once(clock.now())).written == 2
+    stalling.resume.set()
+    resumed = await paused
+    assert resumed.written == 1  # the write that was on the wire; nothing after it
+    written = [r.data for r in emulator.state.posted(forge="github", kind="commit_status")]
+    # Each job's statuses end completed; the stale pass wrote nothing about the second job.
+    assert [item["state"] for item in written] == ["pending", "pending", "pending", "success",
+                                                   "success"]  # fmt: skip
+    async with store.engine.connect() as conn:
+        rows = (
+            await conn.execute(text("SELECT job_id, state, writes FROM status_reports ORDER BY 1"))
+        ).all()
+    assert [tuple(row) for row in rows] == [
+        (stale_job, "completed", 2),
+        (other_job, "completed", 2),
+    ]
+
+
+async def _is_set(event: asyncio.Event) -> bool:
+    return event.is_set()

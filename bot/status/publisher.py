@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -51,7 +53,7 @@ from bot.status.render import StatusFacts, render_status
 
 log = logging.getLogger(__name__)
 
-PUBLISHER_LOCK_KEY = 0x52425354  # one publisher at a time across processes
+PUBLISHER_LEASE = "status_publisher"  # one publisher at a time across processes
 MUTE_AFTER_REFUSAL = timedelta(hours=1)
 
 
@@ -70,6 +72,9 @@ class StatusSettings:
     interval_s: float = 5.0
     rules: PublishRules = field(default_factory=PublishRules)
     ended_batch: int = 200
+    # The publisher's lease: renewed every pass, taken over when its holder stops passing.
+    lease_s: float = 30.0
+    owner: str = field(default_factory=lambda: f"status-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 @dataclass(slots=True)
@@ -168,6 +173,7 @@ class StatusPublisher:
         # When each forge's news-only writes of the last hour went out (in memory: a restart
         # grants a fresh hour, which is at most one hour's budget twice).
         self.news_written: dict[str, deque[datetime]] = {}
+        self.attempt = 0  # the attempt at the publisher's lease this pass runs as
 
     async def live_rows(self) -> list[Any]:
         """Every live job with its calls and its last written status."""
@@ -196,41 +202,61 @@ class StatusPublisher:
             for row in rows.all()
         }
 
-    @contextlib.asynccontextmanager
-    async def _leading(self) -> AsyncIterator[bool]:
+    async def _lead(self, now: datetime) -> int | None:
+        """Take or renew the publisher's lease; the attempt held, or None (another leads)."""
+        async with self.engine.begin() as conn:
+            attempt = await conn.scalar(
+                sql.ACQUIRE_LEASE,
+                {
+                    "name": PUBLISHER_LEASE,
+                    "owner": self.settings.owner,
+                    "now": now,
+                    "until": now + timedelta(seconds=self.settings.lease_s),
+                },
+            )
+        return None if attempt is None else int(attempt)
+
+    async def _may_write(self, row: Any, report: StatusReport) -> bool:
+        """Whether this pass's attempt still leads, and the job can still take the status."""
         async with self.engine.connect() as conn:
-            leading = bool(await conn.scalar(sql.TRY_LOCK, {"key": PUBLISHER_LOCK_KEY}))
-            try:
-                yield leading
-            finally:
-                if leading:
-                    await conn.scalar(sql.UNLOCK, {"key": PUBLISHER_LOCK_KEY})
-                await conn.commit()
+            found = await conn.scalar(
+                sql.MAY_WRITE,
+                {
+                    "name": PUBLISHER_LEASE,
+                    "owner": self.settings.owner,
+                    "attempt": self.attempt,
+                    "job_id": int(row.id),
+                    "final": report.state == "completed",
+                },
+            )
+            await conn.commit()
+        return found is not None
 
     async def publish_once(self, now: datetime) -> PassResult:
         """Look at the queue once and write what moved enough; returns what it did."""
         result = PassResult()
-        async with self._leading() as leading:
-            if not leading:
-                return result
-            due = await self._due(now, result)
-            heads = await self._gitlab_heads(due)
-            for item in sorted(due, key=_priority):
-                if item.reason not in NEWS_FREE and not self._news_allowed(item.row.forge, now):
+        attempt = await self._lead(now)
+        if attempt is None:
+            return result
+        self.attempt = attempt
+        due = await self._due(now, result)
+        heads = await self._gitlab_heads(due)
+        for item in sorted(due, key=_priority):
+            if item.reason not in NEWS_FREE and not self._news_allowed(item.row.forge, now):
+                result.deferred += 1
+                continue
+            if item.row.forge == "gitlab":
+                head = (item.row.repo, item.row.head_sha)
+                wanted = gitlab_state_of(item.report.state, item.report.conclusion)
+                if not gitlab_allows(heads.get(head), wanted):
+                    # Another job's status holds the head (GitLab keeps one per name):
+                    # this one waits until that one has finished.
                     result.deferred += 1
                     continue
-                if item.row.forge == "gitlab":
-                    head = (item.row.repo, item.row.head_sha)
-                    wanted = gitlab_state_of(item.report.state, item.report.conclusion)
-                    if not gitlab_allows(heads.get(head), wanted):
-                        # Another job's status holds the head (GitLab keeps one per name):
-                        # this one waits until that one has finished.
-                        result.deferred += 1
-                        continue
-                    if await self._write(item, now, result):
-                        heads[head] = wanted
-                    continue
-                await self._write(item, now, result)
+                if await self._write(item, now, result):
+                    heads[head] = wanted
+                continue
+            await self._write(item, now, result)
         return result
 
     def _news_allowed(self, forge: str, now: datetime) -> bool:
@@ -345,6 +371,14 @@ class StatusPublisher:
         if item.reason == "republish":
             # GitHub asks for a new check run on a Re-run; the old one stays as it was.
             update = replace(update, check_run_id=None)
+        if not await self._may_write(row, report):
+            log.warning(
+                "status of job %s (publisher attempt %s): lease lost or job ended, dropping result",
+                row.id,
+                self.attempt,
+                extra={"action": "lease_lost", **context},
+            )
+            return False
         try:
             written = await writer.publish_status(update)
         except ForgeError as exc:
@@ -416,6 +450,9 @@ class StatusPublisher:
                         "parts_total": report.parts_total,
                         "conclusion": report.conclusion,
                         "now": now,
+                        "lease_name": PUBLISHER_LEASE,
+                        "lease_owner": self.settings.owner,
+                        "lease_attempt": self.attempt,
                     },
                 )
         except SQLAlchemyError as exc:

@@ -77,14 +77,17 @@ SELECT_HEAD_STATES = text(
     """
 )
 
-# Remember what was written; the first write keeps its ETA as the one given at enqueue.
+# Remember what was written (only while the writing attempt holds the publisher's lease); the
+# first write keeps its ETA as the one given at enqueue.
 RECORD_REPORT = text(
     """
     INSERT INTO status_reports (job_id, forge, repo, head_sha, kind, external_id, state, level,
                                 place, finish_at, first_finish_at, parts_done, parts_total,
                                 conclusion, published_at, writes)
-    VALUES (:job_id, :forge, :repo, :head_sha, :kind, :external_id, :state, :level, :place,
-            :finish_at, :finish_at, :parts_done, :parts_total, :conclusion, :now, 1)
+    SELECT :job_id, :forge, :repo, :head_sha, :kind, :external_id, :state, :level, :place,
+           :finish_at, :finish_at, :parts_done, :parts_total, :conclusion, :now, 1
+    FROM process_leases l
+    WHERE l.name = :lease_name AND l.owner = :lease_owner AND l.attempt = :lease_attempt
     ON CONFLICT (job_id) DO UPDATE
     SET kind = EXCLUDED.kind,
         external_id = COALESCE(EXCLUDED.external_id, status_reports.external_id),
@@ -106,6 +109,30 @@ SELECT_REPORT_BY_EXTERNAL_ID = text(
 # The channel the trigger on review_jobs NOTIFYs on every state change.
 STATUS_CHANNEL = "review_bot_status"
 
-# One publisher at a time across processes: a session advisory lock held during a pass.
-TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
-UNLOCK = text("SELECT pg_advisory_unlock(:key)")
+# One publisher at a time across processes: a lease (process_leases) taken or renewed at each
+# pass. Its holder keeps its attempt; a takeover after it ran out is a new attempt, which
+# fences every write of the one before. No connection is held during a pass.
+ACQUIRE_LEASE = text(
+    """
+    INSERT INTO process_leases (name, owner, attempt, acquired_at, expires_at)
+    VALUES (:name, :owner, 1, :now, :until)
+    ON CONFLICT (name) DO UPDATE
+    SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at,
+        attempt = CASE WHEN process_leases.owner = EXCLUDED.owner
+                       THEN process_leases.attempt ELSE process_leases.attempt + 1 END,
+        acquired_at = CASE WHEN process_leases.owner = EXCLUDED.owner
+                           THEN process_leases.acquired_at ELSE EXCLUDED.acquired_at END
+    WHERE process_leases.owner = EXCLUDED.owner OR process_leases.expires_at <= :now
+    RETURNING attempt
+    """
+)
+
+# Right before a status goes to the forge: this attempt still holds the lease, and a status
+# that is not final is only written while its job is still live.
+MAY_WRITE = text(
+    """
+    SELECT 1 FROM process_leases l JOIN review_jobs j ON j.id = :job_id
+    WHERE l.name = :name AND l.owner = :owner AND l.attempt = :attempt
+      AND (CAST(:final AS boolean) OR j.state IN ('waiting', 'queued', 'running'))
+    """
+)
