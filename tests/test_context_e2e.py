@@ -163,10 +163,10 @@ async def test_the_prompt_shows_the_enclosing_function_and_the_pull_request(
     context = prompt[prompt.index(BEGIN_CONTEXT) : prompt.index("BEGIN UNTRUSTED DIFF")]
     # The method around the change, from its first line, numbered as in the new file; its
     # class's first line as a header; nothing of the function after it.
-    assert "    10      def apply_discount(self, percent: int) -> int:" in context
-    assert "     6  class Cart:" in context
+    assert "\n10:     def apply_discount(self, percent: int) -> int:\n" in context
+    assert "\n6: class Cart:\n" in context
     assert "def helper" not in context
-    assert "     1  export function formatPrice(cents) {" in context
+    assert "\n1: export function formatPrice(cents) {\n" in context
     posted = emulator.state.posted(forge=forge, repo="acme/shop", number=7)  # type: ignore[arg-type]
     assert posted, "the review was posted"
     job = await store.get_job(job_id)

@@ -55,9 +55,9 @@ def test_the_drop_order_is_trim_then_description_tail_then_files_then_descriptio
 def test_each_fit_holds_its_allowance() -> None:
     for budget in range(20, 3000, 37):
         shared = fit_shared_context(TITLE, DESCRIPTION, FILES, budget_tokens=budget)
-        text = "\n\n".join(p for p in (shared.render_pull_request(), shared.render_context()) if p)
-        assert prompt_tokens_estimate(text) <= budget if text else True
-        assert shared.tokens == (prompt_tokens_estimate(text) if text else 0)
+        parts = (shared.render_pull_request(), shared.render_context())
+        text = "".join(f"{part}\n\n" for part in parts if part)
+        assert shared.tokens == (prompt_tokens_estimate(text) if text else 0) <= budget
 
 
 def test_trimmed_blocks_keep_their_first_line_and_the_lines_near_the_change() -> None:
@@ -109,3 +109,45 @@ def test_stored_contexts_round_trip_and_foreign_ones_are_ignored() -> None:
     ]
     (found,) = file_contexts(files)
     assert found == FILES[0]
+
+
+def test_chunks_of_one_review_share_the_system_prompt_and_the_pull_request_prefix() -> None:
+    from bot.review.prompts import SYSTEM_PROMPT, build_messages
+
+    first = {
+        "path": "a.py",
+        "patch": "@@ -40,2 +40,2 @@\n-a = 1\n+a = 2\n b = 3",
+        "context": FILES[0].to_json(),
+    }
+    second = {
+        "path": "b.py",
+        "patch": "@@ -40,2 +40,2 @@\n-c = 1\n+c = 2\n d = 3",
+        "context": FILES[1].to_json(),
+    }
+    prompts = []
+    for file in (first, second):
+        shared = fit_shared_context(TITLE, DESCRIPTION, file_contexts([file]), budget_tokens=1536)
+        prompts.append(build_messages([file], shared=shared))
+    assert prompts[0][0] == prompts[1][0] == {"role": "system", "content": SYSTEM_PROMPT}
+    one, two = prompts[0][1]["content"], prompts[1][1]["content"]
+    pull_request = one[: one.index(BEGIN_CONTEXT)]
+    assert "Title: Fix the discount rounding" in pull_request
+    assert two.startswith(pull_request)  # the shared prefix an engine's cache keeps
+    assert one.index(BEGIN_CONTEXT) < one.index("BEGIN UNTRUSTED DIFF")
+
+
+def test_the_shared_part_adds_no_more_than_its_allowance_to_a_prompt() -> None:
+    from bot.review.prompts import build_messages
+
+    file = {
+        "path": "a.py",
+        "patch": "@@ -40,2 +40,2 @@\n-a = 1\n+a = 2\n b = 3",
+        "context": FILES[0].to_json(),
+    }
+    bare = sum(prompt_tokens_estimate(m["content"]) for m in build_messages([file]))
+    for budget in (50, 300, 800, 1536):
+        shared = fit_shared_context(TITLE, DESCRIPTION, file_contexts([file]), budget_tokens=budget)
+        full = sum(
+            prompt_tokens_estimate(m["content"]) for m in build_messages([file], shared=shared)
+        )
+        assert full - bare <= shared.tokens <= budget

@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 from tree_sitter import Node, Parser
 from tree_sitter_language_pack import get_parser
 
-from bot.diff import parse_hunks
+from bot.diff import parse_hunks, split_lines
 from bot.review.prompt_context import MAX_STORED_LINES, Block, FileContext, context_line_numbers
 
 log = logging.getLogger(__name__)
@@ -106,11 +106,8 @@ WRAPPER_TYPES = frozenset({"decorated_definition", "export_statement", "template
 
 
 def split_source(text: str) -> list[str]:
-    """A file's lines as a diff numbers them: split on "\\n" only, one trailing "\\r" dropped."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    """A file's lines as the diff numbers them (on "\\n" alone: bot.diff.split_lines)."""
+    return split_lines(text)
 
 
 def language_for(path: str) -> str | None:

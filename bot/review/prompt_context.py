@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from bot.diff import CONTROL, clean_path, fence_for
+from bot.diff import CONTROL, clean_path, fence_for, prompt_text
 from bot.llm.vllm_metrics import prompt_tokens_estimate
 from bot.model import Job
 
@@ -37,6 +37,7 @@ END_PULL_REQUEST = "END UNTRUSTED PULL REQUEST"
 BEGIN_CONTEXT = "BEGIN UNTRUSTED CONTEXT"
 END_CONTEXT = "END UNTRUSTED CONTEXT"
 CUT_MARK = "[... cut]"
+GAP = "..."  # lines left out between two shown ones
 MARKER_PREFIXES = ("BEGIN UNTRUSTED", "END UNTRUSTED")
 
 BlockKind = Literal["definition", "lines"]
@@ -200,8 +201,9 @@ def clean_text(text: str) -> str:
 
 
 def render_line(number: int, text: str) -> str:
-    """One numbered line of context."""
-    return f"{number:>6}  {text}"
+    """One line of context: "<n>: <code>", n its line in the new file (the number the diff
+    shows for an added or unchanged line; no +/- mark, as it is no diff line)."""
+    return f"{number}: {prompt_text(text)}"
 
 
 def render_file_context(context: FileContext, numbers: Sequence[int]) -> str:
@@ -212,8 +214,8 @@ def render_file_context(context: FileContext, numbers: Sequence[int]) -> str:
     previous: int | None = None
     for number in numbers:
         if previous is not None and number != previous + 1:
-            rows.append("   ...")
-        rows.append(render_line(number, CONTROL.sub("", context.lines[number])))
+            rows.append(GAP)
+        rows.append(render_line(number, context.lines[number]))
         previous = number
     body = "\n".join(rows)
     fence = fence_for(body)
@@ -253,9 +255,9 @@ def fit_shared_context(
     )
 
     def tokens(candidate: SharedContext) -> int:
-        text = "\n\n".join(
-            part for part in (candidate.render_pull_request(), candidate.render_context()) if part
-        )
+        # Each part joins the prompt with a blank line, counted here so the allowance holds.
+        parts = (candidate.render_pull_request(), candidate.render_context())
+        text = "".join(f"{part}\n\n" for part in parts if part)
         return prompt_tokens_estimate(text) if text else 0
 
     def done(candidate: SharedContext) -> SharedContext:
