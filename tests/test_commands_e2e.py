@@ -701,6 +701,42 @@ async def test_a_reply_the_forge_fails_is_deferred_in_the_database_then_posted_o
     assert (outcome, detail["outbox"], detail["reply_id"]) == ("command_done", [], reply.data["id"])
 
 
+async def test_a_reply_and_reaction_refused_for_auth_are_deferred_never_dropped(
+    harness: Harness,
+) -> None:
+    """401 (a clock off, a token rotated) is not a refusal of the message: it waits, as a
+    review would, and goes out once the forge takes the credentials again."""
+    number, _ = await harness.open_pull(author="dev1")
+    comment_id, _ = await harness.comment(
+        number, "/review status", user="dev1", delivery_id="cmd-auth"
+    )
+    harness.state.add_fault("github.reactions.create", Fault(status=None))  # eyes: normal
+    # (A 401 is not retried at once: the call path already tried fresh credentials.)
+    harness.state.add_fault("github.comments.create", Fault(status=401, message="Bad credentials"))
+    harness.state.add_fault("github.reactions.create", Fault(status=401, message="Bad credentials"))
+
+    [first] = await harness.work()
+    assert first.outcome == "command_reply_pending"
+    outcome, detail = await delivery_detail(harness, "cmd-auth")
+    assert outcome == "command_reply_pending"
+    assert [item["kind"] for item in detail["outbox"]] == ["reply", "reaction"]
+    assert "401" in detail["outbox_error"] and "reply_error" not in detail
+    assert harness.replies(number) == []
+
+    harness.clock.advance(seconds=31)
+    [second] = await harness.work()  # the reply goes out; the reaction is refused again
+    assert second.outcome == "command_reply_pending"
+    assert len(harness.replies(number)) == 1 and harness.reactions(comment_id) == ["eyes"]
+
+    harness.clock.advance(seconds=61)
+    [third] = await harness.work()
+    assert third.outcome == "command_done"
+    assert len(harness.replies(number)) == 1
+    assert harness.reactions(comment_id) == ["eyes", "+1"]
+    _, detail = await delivery_detail(harness, "cmd-auth")
+    assert "reply_error" not in detail
+
+
 async def test_a_reply_stored_although_its_answer_was_lost_is_not_posted_again(
     harness: Harness,
 ) -> None:

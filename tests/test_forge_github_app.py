@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import aiohttp
+import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -20,7 +22,13 @@ from bot.emulator import (
     seed_issue_comment,
 )
 from bot.forges.base import RetryPolicy
-from bot.forges.github import GITHUB_ACCEPT, GITHUB_API_VERSION, GitHubClient
+from bot.forges.github import (
+    GITHUB_ACCEPT,
+    GITHUB_API_VERSION,
+    GitHubClient,
+    app_jwt_claims,
+    clock_skew,
+)
 from bot.forges.registry import ForgeOptions, build_forges
 from bot.intake.normalize import normalize_delivery
 from bot.intake.verify import Delivery
@@ -201,3 +209,48 @@ async def test_the_emulator_refuses_an_api_version_github_does_not_serve(
     ):
         assert answer.status == 400
         assert "2011-01-01" in (await answer.json())["message"]
+
+
+async def test_a_bot_clock_90_s_ahead_of_github_is_corrected_from_its_date(
+    clock: VirtualClock, app_key: tuple[str, str]
+) -> None:
+    """GitHub 90 s behind the bot: a JWT issued at the bot's time is in GitHub's future and
+    refused. The 401's `Date` explains it: the client takes GitHub's time, tries once more, and
+    every later JWT (a token refresh an hour on) is issued at GitHub's time at once."""
+    state = EmulatorState(clock=lambda: clock.now() - timedelta(seconds=90))
+    state.register_app(APP_ID, app_key[1])
+    state.add_pull("github", REPO, 7, files=[SMELLY], installation_id=1)
+    comment = seed_issue_comment(state, REPO, 7, user="octocat", body="/review status")
+    async with ForgeEmulator(state) as emulator, aiohttp.ClientSession() as session:
+        # The failure is real: the bot's own time gives a JWT GitHub refuses.
+        claims = app_jwt_claims(APP_ID, github_now=clock.now())
+        token = jwt.encode(claims, app_key[0], algorithm="RS256")
+        async with session.post(
+            f"{emulator.github_url}/app/installations/1/access_tokens",
+            headers={"Authorization": f"Bearer {token}", "Accept": GITHUB_ACCEPT},
+        ) as refused:
+            assert refused.status == 401
+            assert "'Issued at' claim" in (await refused.json())["message"]
+            skew = clock_skew(refused.headers["Date"], now=clock.now())
+            assert skew is not None and -91 <= skew.total_seconds() <= -89
+
+        client = app_client(emulator, session, clock, app_key[0])
+        client.use_installation(REPO, 1)
+        await client.add_reaction(REPO, comment, "eyes")
+        await client.post_comment(REPO, 7, "the reply")
+        assert -91 <= client.clock_offset.total_seconds() <= -89
+        exchanges = [
+            entry.status for entry in state.requests if entry.route == "github.access_token"
+        ]
+        assert exchanges == [401, 401, 201]  # the probe above, the client's first try, its retry
+        clock.advance(3600)  # the token expires: a new one, at GitHub's time from the start
+        await client.post_comment(REPO, 7, "later")
+        exchanges = [
+            entry.status for entry in state.requests if entry.route == "github.access_token"
+        ]
+        assert exchanges == [401, 401, 201, 201]
+    assert [record.body for record in state.posted(kind="reaction", repo=REPO)] == ["eyes"]
+    assert [record.body for record in state.posted(kind="issue_comment", repo=REPO, number=7)] == [
+        "the reply",
+        "later",
+    ]

@@ -245,7 +245,8 @@ async def test_a_deleted_pull_request_cancels_and_a_refusal_fails(
     gone_id = await reviewed_job(store, forges, book, clock, gone)
     refused_id = await reviewed_job(store, forges, book, clock, refused)
     del emulator.state.pulls[("github", "acme/shop", 16)]
-    emulator.state.add_fault("github.reviews.create", Fault(status=401, message="Bad credentials"))
+    refusal = Fault(status=403, message="Resource not accessible by integration")
+    emulator.state.add_fault("github.reviews.create", refusal)
 
     cancelled = await post_job_review(store, forges, gone_id, now=clock.now())
     failed = await post_job_review(store, forges, refused_id, now=clock.now())
@@ -256,9 +257,33 @@ async def test_a_deleted_pull_request_cancels_and_a_refusal_fails(
     assert gone_job is not None and gone_job.state == JobState.CANCELLED
     assert gone_job.last_error is not None and "404" in gone_job.last_error
     assert refused_job is not None and refused_job.state == JobState.FAILED
-    assert refused_job.last_error is not None and "401" in refused_job.last_error
+    assert refused_job.last_error is not None and "403" in refused_job.last_error
     assert emulator.state.posted(kind="review") == []
     assert render_marker(refused_id) not in str(emulator.state.records)
+
+
+async def test_a_review_refused_for_auth_is_deferred_then_posted(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+) -> None:
+    """A 401 (a clock off, credentials rotated) may pass: the review waits, it is not failed."""
+    pull = emulator.state.add_pull("github", "acme/shop", 19, files=[SMELLY])
+    job_id = await reviewed_job(store, forges, book, clock, pull)
+    emulator.state.add_fault("github.reviews.create", Fault(status=401, message="Bad credentials"))
+
+    first = await post_job_review(store, forges, job_id, now=clock.now())
+    assert first.result == "deferred"
+    job = await store.get_job(job_id)
+    assert job is not None and job.state != JobState.FAILED
+    assert job.last_error is not None and "401" in job.last_error
+
+    clock.advance(3600)
+    second = await post_job_review(store, forges, job_id, now=clock.now())
+    assert second.result == "posted"
+    assert len(emulator.state.posted(kind="review", number=19)) == 1
 
 
 async def test_a_completion_racing_a_recovery_pass_posts_once(

@@ -18,7 +18,7 @@ from typing import Any, Literal, cast
 
 from bot.commands.inbox import ClaimedDelivery, CommandInbox
 from bot.errors import ForgeError
-from bot.forges.base import ForgeClient, Reaction, render_reply_marker
+from bot.forges.base import ForgeClient, Reaction, may_pass_later, render_reply_marker
 from bot.review.deferral import RetryBudget, retry_delay
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ async def send_outbox(
                     number=target.number,
                 )
         except ForgeError as exc:
-            if exc.retryable:
+            if may_pass_later(exc):
                 return OutboxResult(tuple(items[position:]), reply_id, exc, tuple(dropped))
             # A refusal (403, 404, 422) will not pass by waiting: the commands already took
             # effect and are in the job history, so only this message is lost.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from email.utils import format_datetime
 from typing import Any
 from urllib.parse import unquote
 
@@ -198,15 +199,37 @@ def _authenticate(ctx: Context, route: Route) -> None:
     ctx.user = BOT_LOGIN
 
 
+# GitHub's limit on an App JWT's life: it expires at most ten minutes after GitHub's now.
+JWT_MAX_AHEAD_S = 600
+
+
 def _verify_app_jwt(state: EmulatorState, token: str) -> None:
+    """Check an App's JWT as GitHub does: its signature, and its times against the forge's
+    own clock (not the caller's), with GitHub's words for each refusal."""
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
         key = state.apps.get(str(claims.get("iss")))
         if key is None:
             raise github_error(401, "Integration not found")
-        jwt.decode(token, key, algorithms=["RS256"])
+        claims = jwt.decode(
+            token, key, algorithms=["RS256"], options={"verify_exp": False, "verify_iat": False}
+        )
     except jwt.PyJWTError as exc:
         raise github_error(401, "A JSON web token could not be decoded") from exc
+    now = state.clock().timestamp()
+    issued, expires = claims.get("iat"), claims.get("exp")
+    if not isinstance(issued, int) or issued > now:
+        raise github_error(
+            401, "'Issued at' claim ('iat') must be an Integer representing a time in the past."
+        )
+    if not isinstance(expires, int) or expires <= now:
+        raise github_error(
+            401,
+            "'Expiration time' claim ('exp') must be a numeric value representing the future "
+            "time at which the assertion expires.",
+        )
+    if expires > now + JWT_MAX_AHEAD_S:
+        raise github_error(401, "'Expiration time' claim ('exp') is too far in the future")
 
 
 def _fault_reply(forge: Forge, fault: Fault) -> Reply:
@@ -276,6 +299,8 @@ def create_emulator_app(
             response = web.json_response(reply.body, status=reply.status, headers=reply.headers)
         if forge == "github":
             response.headers.setdefault("X-GitHub-Request-Id", uuid.uuid4().hex[:20].upper())
+        # The forge's own clock, which a client may be off from (aiohttp would send ours).
+        response.headers["Date"] = format_datetime(state.clock(), usegmt=True)
         state.requests.append(
             RequestLog(
                 request.method,

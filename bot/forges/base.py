@@ -50,6 +50,23 @@ class ForgePermissionDenied(ForgeError):
         return False
 
 
+class ForgeAuthRefused(ForgeError):
+    """The forge did not accept our credentials (401): a clock off, a key or token rotated.
+
+    Retrying at once does not help (the call path already tried a fresh token); a later try
+    may, so replies, reactions and reviews refused this way are deferred, never dropped.
+    """
+
+    @property
+    def retryable(self) -> bool:
+        return False
+
+
+def may_pass_later(error: ForgeError) -> bool:
+    """Whether waiting may help: what a retry may fix, or credentials refused for now."""
+    return error.retryable or isinstance(error, ForgeAuthRefused)
+
+
 class ForgeCredentialsExpired(ForgeError):
     """A cached credential was refused (revoked or rotated); a fresh one may be fetched."""
 

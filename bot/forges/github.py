@@ -8,11 +8,13 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar, cast
 
 import aiohttp
 import gidgethub
-from gidgethub import apps, sansio
+import jwt
+from gidgethub import sansio
 from gidgethub.aiohttp import GitHubAPI
 
 from bot.errors import ConfigError, ForgeError, ForgeNotFound
@@ -22,6 +24,7 @@ from bot.forges.base import (
     READ_RETRY,
     Clock,
     ContentLimiter,
+    ForgeAuthRefused,
     ForgeCredentialsExpired,
     ForgePermissionDenied,
     Permission,
@@ -61,11 +64,21 @@ SECONDARY_LIMIT_DEFAULT_S = 60.0
 # v3 media type and no API version (which GitHub then reads as the oldest version).
 GITHUB_ACCEPT = "application/vnd.github+json"
 GITHUB_API_VERSION = "2022-11-28"
+# An App's JWT: issued a minute before GitHub's now (GitHub refuses one issued in its future),
+# expiring within the ten minutes GitHub allows.
+JWT_BACKDATE = timedelta(seconds=60)
+JWT_LIFETIME = timedelta(minutes=9)
+# A clock this far from GitHub's (its `Date` header) explains a JWT GitHub refused: the backdate
+# covers less than a minute of drift.
+SKEW_EXPLAINS = timedelta(seconds=30)
 T = TypeVar("T")
 
 
 class CurrentGitHubAPI(GitHubAPI):
-    """gidgethub's aiohttp transport sending GitHub's current media type and API version."""
+    """gidgethub's aiohttp transport sending GitHub's current media type and API version, and
+    remembering the `Date` of GitHub's last answer (its clock)."""
+
+    last_date: str | None = None
 
     async def _request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
@@ -74,7 +87,32 @@ class CurrentGitHubAPI(GitHubAPI):
         if current.get("accept") == sansio.accept_format():
             current["accept"] = GITHUB_ACCEPT
         current.setdefault("x-github-api-version", GITHUB_API_VERSION)
-        return await super()._request(method, url, current, body)
+        status, answered, data = await super()._request(method, url, current, body)
+        self.last_date = answered.get("date") or self.last_date
+        return status, answered, data
+
+
+def clock_skew(date_header: str | None, *, now: datetime) -> timedelta | None:
+    """GitHub's clock minus ours, from the `Date` of an answer (None when it has none)."""
+    if not date_header:
+        return None
+    try:
+        theirs = parsedate_to_datetime(date_header)
+    except (TypeError, ValueError):
+        return None
+    if theirs.tzinfo is None:
+        return None
+    return theirs - now
+
+
+def app_jwt_claims(app_id: str, *, github_now: datetime) -> dict[str, Any]:
+    """The claims of an App's JWT at GitHub's time `github_now`."""
+    issued = github_now - JWT_BACKDATE
+    return {
+        "iat": int(issued.timestamp()),
+        "exp": int((issued + JWT_LIFETIME).timestamp()),
+        "iss": app_id,
+    }
 
 
 def translate_github_error(exc: gidgethub.HTTPException, *, now: datetime) -> ForgeError:
@@ -95,6 +133,8 @@ def translate_github_error(exc: gidgethub.HTTPException, *, now: datetime) -> Fo
                 message, status=403, retry_after=retry_after or SECONDARY_LIMIT_DEFAULT_S
             )
         return ForgePermissionDenied(message, status=403)
+    if status == 401:
+        return ForgeAuthRefused(message, status=401)
     if status in (404, 410):
         return ForgeNotFound(message, status=status)
     if isinstance(exc, gidgethub.GitHubBroken) or status >= 500:
@@ -143,12 +183,33 @@ class GitHubClient:
         self._installations: dict[str, int] = {}
         self.tokens_issued = 0
         self.blobs = BlobCache()
+        # GitHub's clock minus ours, learnt from its `Date` when a JWT was refused for it.
+        self.clock_offset = timedelta(0)
 
     # -- auth ------------------------------------------------------------------------------
 
+    def _github_now(self) -> datetime:
+        return self._clock() + self.clock_offset
+
     def _app_jwt(self) -> str:
         assert self._app_id is not None and self._private_key is not None
-        return apps.get_jwt(app_id=self._app_id, private_key=self._private_key)
+        claims = app_jwt_claims(self._app_id, github_now=self._github_now())
+        return jwt.encode(claims, self._private_key, algorithm="RS256")
+
+    def _correct_clock(self, refused: gidgethub.HTTPException) -> bool:
+        """After GitHub refused a JWT: adopt its clock if the skew explains the refusal."""
+        if int(refused.status_code) != 401:
+            return False
+        skew = clock_skew(refused.headers.get("date") or self._api.last_date, now=self._clock())
+        if skew is None or abs(skew - self.clock_offset) < SKEW_EXPLAINS:
+            return False
+        logger.warning(
+            "GitHub refused the App's JWT and its clock is %.0f s from ours: using its time",
+            skew.total_seconds(),
+            extra={"action": "github_clock_skew", "skew_s": skew.total_seconds()},
+        )
+        self.clock_offset = skew
+        return True
 
     def use_installation(self, repo: str, installation_id: int | None) -> None:
         """Remember the App installation a webhook named for `repo`, so no call has to ask
@@ -184,15 +245,15 @@ class GitHubClient:
         assert self._app_id is not None and self._private_key is not None
         installation = await self._installation_for(repo, installation_id)
         cached = self._installation_tokens.get(installation)
-        now = self._clock()
+        now = self._github_now()  # the token's expiry is GitHub's time
         if cached is not None and now < cached.expires_at - TOKEN_REFRESH_MARGIN:
             return cached.token
-        answer = await apps.get_installation_access_token(
-            self._api,
-            installation_id=str(installation),
-            app_id=self._app_id,
-            private_key=self._private_key,
-        )
+        try:
+            answer = await self._exchange_token(installation)
+        except gidgethub.HTTPException as exc:
+            if not self._correct_clock(exc):
+                raise
+            answer = await self._exchange_token(installation)  # once, at GitHub's time
         expires_at = datetime.fromisoformat(str(answer["expires_at"]).replace("Z", "+00:00"))
         self._installation_tokens[installation] = _InstallationToken(
             str(answer["token"]), expires_at
@@ -205,6 +266,16 @@ class GitHubClient:
             extra={"action": "github_token", "installation_id": installation},
         )
         return str(answer["token"])
+
+    async def _exchange_token(self, installation: int) -> dict[str, Any]:
+        """Trade the App's JWT for an installation token (POST .../access_tokens)."""
+        answer = await self._api.post(
+            "/app/installations/{installation_id}/access_tokens",
+            {"installation_id": str(installation)},
+            data=b"",
+            jwt=self._app_jwt(),
+        )
+        return cast(dict[str, Any], answer)
 
     # -- the one call path -----------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from bot.forges.base import (
     READ_RETRY,
     Clock,
     DiffLines,
+    ForgeAuthRefused,
     ForgePermissionDenied,
     InlineComment,
     Permission,
@@ -94,7 +95,9 @@ def translate_gitlab_error(
         return ForgeNotFound(message, status=404)
     if status == 429:
         return ForgeError(message, status=429, retry_after=parse_retry_after(headers, now=clock()))
-    if status in (401, 403):
+    if status == 401:
+        return ForgeAuthRefused(message, status=401)
+    if status == 403:
         return ForgePermissionDenied(message, status=status)
     return ForgeError(message, status=status)
 

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from bot.errors import ForgeError
+from bot.forges.base import may_pass_later
 from bot.model import Job, JobState
 from bot.queue.records import Fence
 from bot.queue.store import QueueStore
@@ -52,7 +53,7 @@ async def defer_or_fail(
     """
     context = {"job_id": job.id, "forge": job.forge}
     prefix = _ACTION_PREFIX[stage]
-    if error.retryable:
+    if may_pass_later(error):
         tries = int(job.request.get(f"{stage}_attempts") or 0) + 1
         if tries < budget.max_attempts:
             delay = retry_delay(tries, error, budget)
