@@ -523,6 +523,29 @@ async def test_a_claim_whose_worker_died_is_taken_over_once(harness: Harness) ->
     assert len(harness.replies(number)) == 1
 
 
+async def test_a_stale_claim_attempt_writes_nothing_even_for_the_same_worker(
+    harness: Harness,
+) -> None:
+    number, _ = await harness.open_pull()
+    await harness.comment(number, "/review status", user="lead")
+    inbox = CommandInbox(harness.store)
+    claim = {"limit": 10, "lease_s": 120, "max_age_s": 3600}
+    [stale] = await inbox.claim_pending_commands(owner="w", now=harness.clock.now(), **claim)
+    harness.clock.advance(121)  # the worker paused past its lease; it takes the claim again
+    [fresh] = await inbox.claim_pending_commands(owner="w", now=harness.clock.now(), **claim)
+    assert fresh.attempts == stale.attempts + 1
+    assert not await inbox.holds(stale, owner="w")
+    outbox = [{"kind": "reply", "body": "stale"}]
+    assert not await inbox.save_outbox(stale, owner="w", outbox=outbox, result={}, job_id=None)
+    assert not await inbox.mark_command_done(
+        stale, owner="w", outcome="command_done", result={}, job_id=None
+    )
+    assert await inbox.holds(fresh, owner="w")
+    assert await inbox.mark_command_done(
+        fresh, owner="w", outcome="command_done", result={}, job_id=None
+    )
+
+
 async def test_concurrent_workers_claim_each_delivery_once(harness: Harness) -> None:
     number, job_id = await harness.open_pull()
     for index in range(12):

@@ -56,6 +56,7 @@ MARK_COMMAND_DONE = text(
     SET outcome = :outcome, job_id = COALESCE(:job_id, job_id),
         detail = COALESCE(detail, '{}'::jsonb) || CAST(:result AS jsonb)
     WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
+      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
     RETURNING id
     """
 )
@@ -68,6 +69,7 @@ SAVE_OUTBOX = text(
     SET job_id = COALESCE(:job_id, job_id),
         detail = COALESCE(detail, '{}'::jsonb) || CAST(:saved AS jsonb)
     WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
+      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
     RETURNING id
     """
 )
@@ -79,7 +81,18 @@ DEFER_OUTBOX = text(
     SET outcome = 'command_reply_pending',
         detail = COALESCE(detail, '{}'::jsonb) || CAST(:deferred AS jsonb)
     WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
+      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
     RETURNING id
+    """
+)
+
+# Whether a claim attempt still holds the delivery: each claim counts an attempt (detail's
+# `attempts`), which fences the attempt before it; checked right before each forge write.
+CLAIM_HELD = text(
+    """
+    SELECT 1 FROM webhook_deliveries
+    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
+      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
     """
 )
 
@@ -215,6 +228,7 @@ class CommandInbox:
                         "outcome": outcome,
                         "job_id": job_id,
                         "result": json.dumps(dict(result), default=str),
+                        "attempt": delivery.attempts,
                     },
                 )
             ).first()
@@ -234,7 +248,13 @@ class CommandInbox:
         saved = {**result, "outbox": list(outbox), "outbox_tries": 0}
         return await self._update_held(
             SAVE_OUTBOX,
-            {"id": delivery.id, "owner": owner, "job_id": job_id, "saved": json.dumps(saved)},
+            {
+                "id": delivery.id,
+                "owner": owner,
+                "attempt": delivery.attempts,
+                "job_id": job_id,
+                "saved": json.dumps(saved),
+            },
         )
 
     async def defer_outbox(
@@ -260,7 +280,18 @@ class CommandInbox:
             deferred["reply_id"] = reply_id
         return await self._update_held(
             DEFER_OUTBOX,
-            {"id": delivery.id, "owner": owner, "deferred": json.dumps(deferred)},
+            {
+                "id": delivery.id,
+                "owner": owner,
+                "attempt": delivery.attempts,
+                "deferred": json.dumps(deferred),
+            },
+        )
+
+    async def holds(self, delivery: ClaimedDelivery, *, owner: str) -> bool:
+        """Whether this claim attempt of `owner` still holds the delivery."""
+        return await self._update_held(
+            CLAIM_HELD, {"id": delivery.id, "owner": owner, "attempt": delivery.attempts}
         )
 
     async def _update_held(self, statement: Any, params: Mapping[str, Any]) -> bool:

@@ -238,6 +238,8 @@ class CommandWorker:
         author = str(detail.get("author") or "")
         comment_id = int(detail.get("comment_id") or 0)
         client = self.forges.get(forge)
+        if not await self.inbox.holds(delivery, owner=self.settings.owner):
+            return self._taken_over(delivery)
         if client is not None:
             client.use_installation(repo, detail.get("installation_id"))
             await self._react(client, repo, comment_id, "eyes", number=number)
@@ -255,6 +257,9 @@ class CommandWorker:
         for index, command in enumerate(commands):
             if index in done:
                 continue
+            # A command takes effect only while this claim attempt still holds the delivery.
+            if not await self.inbox.holds(delivery, owner=self.settings.owner):
+                return self._taken_over(delivery)
             now = self.clock.now()
             job = await self.store.find_job(forge=forge, repo=repo, number=number)
             standing = await self._standing(job) if command.verb == "status" else None
@@ -384,9 +389,10 @@ class CommandWorker:
     def _taken_over(self, delivery: ClaimedDelivery) -> DeliveryReport | None:
         """Log that another worker holds the delivery now; nothing to report (None)."""
         log.warning(
-            "command delivery %s was taken over by another worker",
+            "command delivery %s (claim attempt %s): lease lost, dropping result",
             delivery.delivery_id,
-            extra={"action": "command_taken_over", "delivery_id": delivery.delivery_id},
+            delivery.attempts,
+            extra={"action": "lease_lost", "delivery_id": delivery.delivery_id},
         )
         return None
 
@@ -403,12 +409,7 @@ class CommandWorker:
             delivery, owner=self.settings.owner, outcome=outcome, result=result, job_id=job_id
         )
         if not marked:
-            log.warning(
-                "command delivery %s was taken over by another worker",
-                delivery.delivery_id,
-                extra={"action": "command_taken_over", "delivery_id": delivery.delivery_id},
-            )
-            return None
+            return self._taken_over(delivery)
         log.info(
             "command delivery %s: %s (%d commands)",
             delivery.delivery_id,
