@@ -27,6 +27,8 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import FileChange, JobState, ReviewRequest
 from bot.policy import evaluate, load_policy_book
 from bot.queue.store import QueueStore
+from bot.review.comments import inline_comment, review_diff
+from bot.review.parse import Finding
 from bot.review.planner import claim_and_plan_jobs
 from bot.review.poster import post_job_review
 from tests.conftest import shared_dir
@@ -237,3 +239,47 @@ async def test_a_404_on_the_reviews_of_an_existing_pull_request_fails_instead_of
     assert job is not None and job.state == JobState.FAILED
     assert "404 to /reviews of pull request acme/shop#9, which exists" in (job.last_error or "")
     assert emulator.state.count_requests("github.pull", status=200) >= 1
+
+
+async def test_after_a_restart_and_a_push_a_renamed_file_keeps_its_old_path(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    unchanged = FileChange(
+        path="src/tax.py",
+        additions=1,
+        deletions=0,
+        patch="@@ -10,3 +10,4 @@ def rate():\n     base = 0.2\n+    extra = 0.01\n"
+        "     return base\n     # end",
+    )
+    emulator.state.add_pull("gitlab", REPO, 9, files=[RENAMED, unchanged])
+    # The review's chunks keep the diff as the planner read it.
+    async with emulator_forges(emulator, clock) as first:
+        planned = await client_of(first).fetch_changes(REPO, 9)
+    chunk_files = [
+        {"path": f.path, "patch": f.patch, "previous_path": f.previous_path, "status": f.status}
+        for f in planned.files
+    ]
+    # A push moves the merge request on; then the process restarts (a fresh client).
+    emulator.state.push("gitlab", REPO, 9, files=[RENAMED, unchanged])
+    diff = review_diff(chunk_files)
+    findings = [
+        Finding(RENAMED.path, min(parse_diff_lines(RENAMED.patch).added), "RIGHT", "minor", "a"),
+        Finding(RENAMED.path, 5, "LEFT", "minor", "b"),
+        Finding("src/tax.py", 12, "RIGHT", "minor", "on an unchanged line"),
+    ]
+    review = ReviewToPost(
+        job_id=42,
+        body="summary",
+        comments=tuple(inline_comment(f, diff, body=f.body) for f in findings),
+        head_sha=planned.head_sha,
+        base_sha=planned.base_sha,
+        start_sha=planned.start_sha,
+    )
+    async with emulator_forges(emulator, clock) as restarted:
+        posted = await client_of(restarted).post_review(REPO, 9, review)
+
+    assert (posted.inline_posted, posted.inline_rejected) == (3, 0)
+    positions = [record.data["position"] for record in emulator.state.posted(kind="discussion")]
+    assert [p["old_path"] for p in positions] == ["src/invoice.py", "src/invoice.py", "src/tax.py"]
+    assert (positions[2]["old_line"], positions[2]["new_line"]) == (11, 12)
+    assert {p["head_sha"] for p in positions} == {planned.head_sha}

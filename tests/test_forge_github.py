@@ -21,6 +21,7 @@ from bot.emulator import (
     generate_file_changes,
     seed_issue_comment,
 )
+from bot.emulator.state import Record
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     ForgePermissionDenied,
@@ -33,6 +34,7 @@ from bot.forges.base import (
 )
 from bot.forges.github import GitHubClient, translate_github_error
 from bot.model import FileChange
+from tests.test_emulator import load_shared_json, schema_errors
 
 SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
 REPO = "acme/shop"
@@ -479,3 +481,104 @@ def test_translate_github_error_maps_each_kind_once() -> None:
             retry_after,
             retryable,
         ), error
+
+
+def review_request_schema() -> dict[str, object]:
+    spec = load_shared_json("openapi", "github-rest-subset.json")
+    operation = spec["paths"]["/repos/{owner}/{repo}/pulls/{pull_number}/reviews"]["post"]
+    schema: dict[str, object] = operation["requestBody"]["content"]["application/json"]["schema"]
+    return schema
+
+
+def sent_review(record: Record) -> dict[str, object]:
+    """The create-a-review request the emulator accepted, as the bot sent it."""
+    data = record.data
+    return {
+        "body": record.body,
+        "event": data["event"],
+        "commit_id": data["commit_id"],
+        "comments": data["comments"],
+    }
+
+
+async def test_one_refused_comment_does_not_sink_the_others(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=12, files=2, seed=4)
+    emulator.state.add_pull("github", REPO, 21, files=files)
+    client = make_client(emulator, session, clock)
+    outside = max(parse_diff_lines(files[1].patch).added) + 500
+    review = ReviewToPost(
+        job_id=78,
+        body="Summary of the review.",
+        comments=(
+            InlineComment(files[0].path, first_added_line(files[0]), "Possible None here."),
+            InlineComment(files[1].path, outside, "**Major:** This line is not in the diff."),
+            InlineComment(files[1].path, first_added_line(files[1]), "Unbounded retry."),
+        ),
+    )
+
+    posted = await client.post_review(REPO, 21, review)
+
+    assert emulator.state.count_requests("github.reviews.create", status=422) == 1
+    records = emulator.state.posted(kind="review", number=21)
+    assert len(records) == 1
+    assert [(c["path"], c["line"]) for c in records[0].data["comments"]] == [
+        (files[0].path, first_added_line(files[0])),
+        (files[1].path, first_added_line(files[1])),
+    ]
+    body = records[0].body or ""
+    # The refused one moved into the summary with its file, line and text.
+    assert f"`{files[1].path}` line {outside} (new): **Major:** This line is not in the diff." in (
+        body
+    )
+    assert "Possible None here." not in body
+    assert find_marker(body) == 78
+    assert (posted.inline_posted, posted.inline_rejected, posted.summary_only) == (2, 1, False)
+    assert posted.rejected == (1,)
+    assert schema_errors(review_request_schema(), sent_review(records[0])) == []
+
+
+async def test_a_suggestion_block_on_a_range_is_accepted(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    patch = "@@ -1,3 +1,4 @@\n import os\n-x = 1\n+x = 2\n+y = x / 0\n z = 3"
+    files = [FileChange("calc.py", 2, 1, patch)]
+    emulator.state.add_pull("github", REPO, 22, files=files)
+    client = make_client(emulator, session, clock)
+    review = ReviewToPost(
+        job_id=79,
+        body="Summary.",
+        comments=(
+            InlineComment(
+                "calc.py", 3, "Division by zero.", start_line=2, suggestion="x = 2\ny = x / 1"
+            ),
+        ),
+    )
+
+    posted = await client.post_review(REPO, 22, review)
+
+    assert (posted.inline_posted, posted.inline_rejected) == (1, 0)
+    [comment] = emulator.state.posted(kind="review", number=22)[0].data["comments"]
+    assert (comment["start_line"], comment["line"], comment["start_side"]) == (2, 3, "RIGHT")
+    assert comment["body"] == "Division by zero.\n\n```suggestion\nx = 2\ny = x / 1\n```"
+    review_record = emulator.state.posted(kind="review", number=22)[0]
+    assert schema_errors(review_request_schema(), sent_review(review_record)) == []
+
+
+async def test_the_emulator_refuses_ranges_github_refuses(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    patch = "@@ -1,2 +1,3 @@\n a\n+b\n c\n@@ -20,2 +21,3 @@\n d\n+e\n f"
+    emulator.state.add_pull("github", REPO, 23, files=[FileChange("r.py", 2, 0, patch)])
+    client = make_client(emulator, session, clock)
+    for start, line in ((3, 2), (2, 22)):
+        with pytest.raises(ForgeError) as refused:
+            await client._create_review(
+                REPO,
+                23,
+                ReviewToPost(job_id=80, body="b"),
+                "b",
+                [{"path": "r.py", "line": line, "side": "RIGHT", "start_line": start, "body": "x"}],
+            )
+        assert refused.value.status == 422

@@ -6,7 +6,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from bot.diff import split_lines
+from bot.diff import parse_hunks, split_lines
 from bot.emulator.github_json import (
     github_file,
     github_issue_comment,
@@ -29,6 +29,8 @@ from bot.emulator.state import (
     LINE_OUTSIDE_DIFF,
     REACTIONS,
     REVIEW_DOCS,
+    START_LINE_AFTER,
+    START_LINE_OUTSIDE_HUNK,
     EmulatedPull,
     EmulatorState,
     Record,
@@ -151,6 +153,8 @@ async def github_create_review(ctx: Context) -> Any:
             valid = isinstance(line, int) and parse_diff_lines(patches[path]).has_line(line, side)
         if not valid:
             errors.append(LINE_OUTSIDE_DIFF)
+        elif comment.get("start_line") is not None:
+            errors.extend(range_errors(patches[path], comment, side))
     if errors:
         raise github_error(
             422, "Unprocessable Entity", errors=errors, documentation_url=REVIEW_DOCS
@@ -182,6 +186,27 @@ async def github_create_review(ctx: Context) -> Any:
         )
     )
     return answer
+
+
+def range_errors(patch: str | None, comment: dict[str, Any], side: str) -> list[str]:
+    """What GitHub says of a multi-line comment's start: before the line, in the same hunk."""
+    start, line = comment["start_line"], comment["line"]
+    start_side = comment.get("start_side", side)
+    if start_side not in ("LEFT", "RIGHT"):
+        raise invalid_request(f'"{start_side}" is not a member of the start_side enum.')
+    if not isinstance(start, int) or start >= line:
+        return [START_LINE_AFTER]
+    for hunk in parse_hunks(patch):
+        numbers = {
+            (item.new_line if start_side == "RIGHT" else item.old_line)
+            for item in hunk.trusted_lines
+        }
+        ends = {
+            (item.new_line if side == "RIGHT" else item.old_line) for item in hunk.trusted_lines
+        }
+        if start in numbers and line in ends:
+            return []
+    return [START_LINE_OUTSIDE_HUNK]
 
 
 async def github_list_comments(ctx: Context) -> Any:

@@ -29,6 +29,10 @@ LINE_OUTSIDE_DIFF = (
     "Pull request review thread line must be part of the diff and "
     "Pull request review thread diff hunk can't be blank"
 )
+START_LINE_AFTER = "pull_request_review_thread.start_line must precede the end line."
+START_LINE_OUTSIDE_HUNK = (
+    "pull_request_review_thread.start_line must be part of the same hunk as the line."
+)
 REACTIONS = ("+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes")
 AWARD_EMOJI = ("thumbsup", "thumbsdown", "eyes", "confused", "heart", "tada", "rocket", "smile")
 BOT_LOGIN = "review-bot[bot]"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol, TypeVar
 
-from bot.diff import parse_hunks, split_lines
+from bot.diff import fence_for, parse_hunks, split_lines
 from bot.errors import ForgeError
 from bot.forges.statuses import StatusUpdate, StatusWritten
 from bot.model import FileChange
@@ -92,12 +92,24 @@ class PullChanges:
 
 @dataclass(frozen=True, slots=True)
 class InlineComment:
-    """One comment on a changed line; `side` RIGHT is the new file, LEFT the old one."""
+    """One comment on a diff line; `side` RIGHT is the new file, LEFT the old one.
+
+    From the review's own stored diff, not the forge's current one (a push may have moved it
+    on): `start_line` opens a range ending at `line` on the same side; `old_path` is a renamed
+    file's path before the rename; `line_pair` is the line's (old, new) numbers, which GitLab
+    needs both of for an unchanged line. `suggestion` is replacement code for exactly the
+    lines start_line..line, all on the RIGHT side of one hunk (the poster checks), which the
+    forge renders as its suggestion block.
+    """
 
     path: str
     line: int
     body: str
     side: Side = "RIGHT"
+    start_line: int | None = None
+    old_path: str | None = None
+    line_pair: tuple[int | None, int | None] | None = None
+    suggestion: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +136,7 @@ class PostedReview:
     inline_rejected: int = 0
     summary_only: bool = False  # inline comments were refused; the summary lists them
     already_posted: bool = False
+    rejected: tuple[int, ...] = ()  # indexes of the review's comments the forge refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +235,16 @@ def render_summary_only(review: ReviewToPost, reason: str) -> str:
         side = "old" if comment.side == "LEFT" else "new"
         lines.append(f"- `{comment.path}` line {comment.line} ({side}): {first_line}")
     return append_marker("\n".join(lines), review.job_id)
+
+
+def with_suggestion(body: str, suggestion: str | None, *, info: str = "suggestion") -> str:
+    """A comment body with its replacement code as a suggestion block (`info` names the
+    block: GitHub's "suggestion", GitLab's "suggestion:-N+M")."""
+    if suggestion is None:
+        return body
+    code = suggestion.rstrip("\n")
+    fence = fence_for(code)
+    return f"{body}\n\n{fence}{info}\n{code}\n{fence}"
 
 
 @dataclass(frozen=True, slots=True)

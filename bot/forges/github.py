@@ -6,7 +6,7 @@ import asyncio
 import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar, cast
@@ -24,9 +24,11 @@ from bot.forges.base import (
     READ_RETRY,
     Clock,
     ContentLimiter,
+    DiffLines,
     ForgeAuthRefused,
     ForgeCredentialsExpired,
     ForgePermissionDenied,
+    InlineComment,
     Permission,
     PostedReview,
     PullChanges,
@@ -36,10 +38,12 @@ from bot.forges.base import (
     Sleep,
     append_marker,
     find_marker,
+    parse_diff_lines,
     render_marker,
     render_summary_only,
     retry_forge_call,
     utc_now,
+    with_suggestion,
 )
 from bot.forges.blobs import BlobCache, decode_text
 from bot.forges.statuses import (
@@ -508,10 +512,7 @@ class GitHubClient:
                 extra={"action": "post_review_found", "job_id": review.job_id},
             )
             return existing
-        comments = [
-            {"path": item.path, "line": item.line, "side": item.side, "body": item.body}
-            for item in review.comments
-        ]
+        comments = [github_comment(item) for item in review.comments]
         try:
             answer = await self._create_review(
                 repo, number, review, append_marker(review.body, review.job_id), comments
@@ -519,13 +520,38 @@ class GitHubClient:
         except ForgeError as exc:
             if exc.status != 422 or not comments:
                 raise
+            refused = await self._refused_comments(repo, number, review)
             logger.warning(
-                "GitHub refused %d inline comments for job %s (%s); posting the summary only",
-                len(comments),
+                "GitHub refused the review of job %s (%s): %d of %d inline comments are off "
+                "its diff; posting the rest",
                 review.job_id,
                 exc,
-                extra={"action": "post_review_fallback", "job_id": review.job_id},
+                len(refused),
+                len(comments),
+                extra={"action": "post_review_refused", "job_id": review.job_id},
             )
+            accepted = [index for index in range(len(comments)) if index not in refused]
+            if refused and accepted:
+                listed = replace(review, comments=tuple(review.comments[i] for i in refused))
+                body = render_summary_only(listed, "GitHub did not accept them on this diff")
+                try:
+                    answer = await self._create_review(
+                        repo, number, review, body, [comments[i] for i in accepted]
+                    )
+                except ForgeError as again:
+                    if again.status != 422:
+                        raise
+                else:
+                    return PostedReview(
+                        id=int(answer["id"]),
+                        job_id=review.job_id,
+                        body=str(answer.get("body") or body),
+                        url=answer.get("html_url"),
+                        inline_posted=len(accepted),
+                        inline_rejected=len(refused),
+                        rejected=tuple(refused),
+                    )
+            # None refused by the diff, yet refused, or still refused: the summary lists all.
             body = render_summary_only(review, "GitHub did not accept them on this diff")
             answer = await self._create_review(repo, number, review, body, [])
             return PostedReview(
@@ -535,6 +561,7 @@ class GitHubClient:
                 url=answer.get("html_url"),
                 inline_rejected=len(comments),
                 summary_only=True,
+                rejected=tuple(range(len(comments))),
             )
         return PostedReview(
             id=int(answer["id"]),
@@ -543,6 +570,27 @@ class GitHubClient:
             url=answer.get("html_url"),
             inline_posted=len(comments),
         )
+
+    async def _refused_comments(self, repo: str, number: int, review: ReviewToPost) -> list[int]:
+        """Indexes of the review's comments whose lines the pull request's diff does not show
+        (as GitHub serves it now); all of them when the diff cannot be read."""
+        try:
+            changes = await self.fetch_changes(repo, number)
+        except ForgeError as exc:
+            logger.warning(
+                "cannot read the diff of %s#%s to sort out refused comments: %s",
+                repo,
+                number,
+                exc,
+                extra={"action": "post_review_refused_unread", "job_id": review.job_id},
+            )
+            return list(range(len(review.comments)))
+        shown = {item.path: parse_diff_lines(item.patch) for item in changes.files}
+        return [
+            index
+            for index, comment in enumerate(review.comments)
+            if not comment_fits(comment, shown.get(comment.path))
+        ]
 
     async def _create_review(
         self,
@@ -723,6 +771,28 @@ class GitHubClient:
             creates_content=True,
         )
         return StatusWritten("check_run", str(answer["id"]))
+
+
+def github_comment(comment: InlineComment) -> dict[str, Any]:
+    """A review comment as GitHub's create-a-review takes it (a range names its first line)."""
+    data: dict[str, Any] = {
+        "path": comment.path,
+        "line": comment.line,
+        "side": comment.side,
+        "body": with_suggestion(comment.body, comment.suggestion),
+    }
+    if comment.start_line is not None:
+        data["start_line"] = comment.start_line
+        data["start_side"] = comment.side
+    return data
+
+
+def comment_fits(comment: InlineComment, lines: DiffLines | None) -> bool:
+    """Whether every line a comment covers shows in a file's diff."""
+    if lines is None:
+        return False
+    first = comment.start_line if comment.start_line is not None else comment.line
+    return all(lines.has_line(number, comment.side) for number in range(first, comment.line + 1))
 
 
 def split_repo(repo: str) -> tuple[str, str]:

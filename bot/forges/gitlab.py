@@ -40,6 +40,7 @@ from bot.forges.base import (
     render_summary_only,
     retry_forge_call,
     utc_now,
+    with_suggestion,
 )
 from bot.forges.blobs import BlobCache, decode_text
 from bot.forges.statuses import (
@@ -408,15 +409,12 @@ class GitLabClient:
             if note.get("type") == "DiffNote"
         }
         base_sha, start_sha, head_sha = await self._shas(repo, number, review)
-        lines = self._diffs.get((repo, number, head_sha))
-        if lines is None and review.comments:
-            await self.fetch_changes(repo, number)
-            lines = self._diffs.get((repo, number, head_sha), {})
-        old_paths = self._old_paths.get((repo, number, head_sha), {})
+        lines, old_paths = await self._positions_for(repo, number, head_sha, review)
         posted = 0
         rejected: list[InlineComment] = []
-        for comment in review.comments:
-            body = append_marker(comment.body, review.job_id)
+        refused: list[int] = []
+        for index, comment in enumerate(review.comments):
+            body = append_marker(gitlab_body(comment), review.job_id)
             if (body, comment.path) in done:
                 posted += 1
                 continue
@@ -425,7 +423,7 @@ class GitLabClient:
                 base_sha=base_sha,
                 start_sha=start_sha,
                 head_sha=head_sha,
-                lines=(lines or {}).get(comment.path),
+                lines=lines.get(comment.path),
                 old_path=old_paths.get(comment.path),
             )
             try:
@@ -443,6 +441,7 @@ class GitLabClient:
                     extra={"action": "post_review_position_refused", "job_id": review.job_id},
                 )
                 rejected.append(comment)
+                refused.append(index)
         if rejected:
             partial = ReviewToPost(job_id=review.job_id, body=review.body, comments=tuple(rejected))
             summary = render_summary_only(partial, "GitLab did not accept their positions")
@@ -456,7 +455,20 @@ class GitLabClient:
             inline_posted=posted,
             inline_rejected=len(rejected),
             summary_only=bool(rejected) and posted == 0,
+            rejected=tuple(refused),
         )
+
+    async def _positions_for(
+        self, repo: str, number: int, head_sha: str, review: ReviewToPost
+    ) -> tuple[dict[str, DiffLines], dict[str, str]]:
+        """This process's reading of the MR's lines and renames at `head_sha`, for comments
+        that do not carry their own (see InlineComment); read once when needed and missing."""
+        lines = self._diffs.get((repo, number, head_sha))
+        needed = any(comment.line_pair is None for comment in review.comments)
+        if lines is None and needed:
+            await self.fetch_changes(repo, number)
+            lines = self._diffs.get((repo, number, head_sha))
+        return lines or {}, self._old_paths.get((repo, number, head_sha), {})
 
     async def _shas(self, repo: str, number: int, review: ReviewToPost) -> tuple[str, str, str]:
         if review.base_sha and review.start_sha and review.head_sha:
@@ -621,18 +633,24 @@ def build_position(
     old_path: str | None = None,
 ) -> dict[str, Any]:
     """Build a text position; an unchanged line needs both old_line and new_line, and a renamed
-    file its path before the rename as `old_path` (GitLab finds no line code otherwise)."""
+    file its path before the rename as `old_path` (GitLab finds no line code otherwise).
+
+    What the comment carries from the review's own diff wins over `lines`/`old_path` (this
+    process's reading of the merge request, which a push may have moved on).
+    """
     position: dict[str, Any] = {
         "position_type": "text",
         "base_sha": base_sha,
         "start_sha": start_sha,
         "head_sha": head_sha,
         "new_path": comment.path,
-        "old_path": old_path or comment.path,
+        "old_path": comment.old_path or old_path or comment.path,
     }
     old_line: int | None
     new_line: int | None
-    if lines is not None and lines.has_line(comment.line, comment.side):
+    if comment.line_pair is not None:
+        old_line, new_line = comment.line_pair
+    elif lines is not None and lines.has_line(comment.line, comment.side):
         old_line, new_line = lines.line_pair(comment.line, comment.side)
     elif comment.side == "LEFT":
         old_line, new_line = comment.line, None
@@ -643,6 +661,12 @@ def build_position(
     if new_line is not None:
         position["new_line"] = new_line
     return position
+
+
+def gitlab_body(comment: InlineComment) -> str:
+    """A discussion's text: the comment, and its suggestion block for the lines above it."""
+    above = comment.line - comment.start_line if comment.start_line is not None else 0
+    return with_suggestion(comment.body, comment.suggestion, info=f"suggestion:-{above}+0")
 
 
 def file_change_from_gitlab(item: Mapping[str, Any]) -> FileChange:

@@ -24,7 +24,7 @@ from bot.forges.base import (
     append_marker,
 )
 from bot.forges.github import GitHubClient, split_repo
-from bot.forges.gitlab import GitLabClient, build_position, file_change_from_gitlab
+from bot.forges.gitlab import GitLabClient, build_position, file_change_from_gitlab, gitlab_body
 from bot.increment import Increment, full_review, narrow_by_compare, narrow_by_versions
 
 log = logging.getLogger(__name__)
@@ -153,8 +153,10 @@ class GitHubQuiet:
     async def post_findings(self, repo: str, number: int, review: ReviewToPost) -> PostedFindings:
         """One review with the inline comments (the client's idempotent post)."""
         posted = await self.client.post_review(repo, number, review)
-        rejected = tuple(range(len(review.comments))) if posted.summary_only else ()
-        refs = {} if posted.summary_only else dict.fromkeys(range(len(review.comments)))
+        rejected = posted.rejected
+        if posted.summary_only and not rejected:
+            rejected = tuple(range(len(review.comments)))
+        refs = {index: None for index in range(len(review.comments)) if index not in rejected}
         return PostedFindings(
             refs=refs,
             rejected=rejected,
@@ -297,15 +299,12 @@ class GitLabQuiet:
                 key = (str(first.get("body") or ""), position.get("new_path"))
                 existing[key] = str(discussion["id"])
         base_sha, start_sha, head_sha = await self.client._shas(repo, number, review)
-        lines = self.client._diffs.get((repo, number, head_sha))
-        if lines is None and review.comments:
-            await self.client.fetch_changes(repo, number)
-            lines = self.client._diffs.get((repo, number, head_sha), {})
+        lines, old_paths = await self.client._positions_for(repo, number, head_sha, review)
         path = f"{self._base(repo, number)}/discussions"
         refs: dict[int, str | None] = {}
         rejected: list[int] = []
         for index, comment in enumerate(review.comments):
-            body = append_marker(comment.body, review.job_id)
+            body = append_marker(gitlab_body(comment), review.job_id)
             known = existing.get((body, comment.path))
             if known is not None:
                 refs[index] = known
@@ -315,7 +314,8 @@ class GitLabQuiet:
                 base_sha=base_sha,
                 start_sha=start_sha,
                 head_sha=head_sha,
-                lines=(lines or {}).get(comment.path),
+                lines=lines.get(comment.path),
+                old_path=old_paths.get(comment.path),
             )
 
             def create(gl: gitlab.Gitlab, body: str = body, position: Any = position) -> str:

@@ -13,7 +13,6 @@ from typing import Any, Literal
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     ForgeClient,
-    InlineComment,
     PostedReview,
     ReviewToPost,
     append_marker,
@@ -24,6 +23,7 @@ from bot.queue.records import Fence
 from bot.queue.store import QueueStore
 from bot.review.anchor import index_files
 from bot.review.assemble import AssembledReview, StoredChunk, assemble_review, stored_chunk
+from bot.review.comments import inline_comment, review_diff
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.parse import parse_review
 
@@ -117,18 +117,14 @@ def build_review(
         max_comments=max_comments,
     )
     diff: Mapping[str, Any] = job.request.get("diff") or {}
+    diff_of = review_diff(file for chunk in chunks for file in chunk.files)
     head_sha = str(diff.get("head_sha") or job.head_sha)
     body = f"{assembled.summary}\n\n<sub>review-bot, commit {head_sha[:12]}</sub>"
     review = ReviewToPost(
         job_id=job.id,
         body=append_marker(body, job.id),
         comments=tuple(
-            InlineComment(
-                path=finding.path,
-                line=finding.line,
-                side=finding.side,
-                body=render_comment(finding.severity, finding.body),
-            )
+            inline_comment(finding, diff_of, body=render_comment(finding.severity, finding.body))
             for finding in assembled.findings
         ),
         head_sha=head_sha,

@@ -8,20 +8,21 @@ marker on the inline findings and the summary's marker find what a crash left po
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from bot.config import Settings
 from bot.errors import ForgeError, ForgeNotFound, LeaseLost
-from bot.forges.base import ForgeClient, InlineComment, ReviewToPost, append_marker
+from bot.forges.base import ForgeClient, ReviewToPost, append_marker
 from bot.forges.quiet import PostedFindings, QuietForge, quiet_forge_for
-from bot.model import TERMINAL_JOB_STATES, Job, JobState
+from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
 from bot.queue.findings import FindingStore, FindingToRecord, PullRef, StoredFinding
 from bot.queue.records import Fence
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, SkippedFile, assemble_review
+from bot.review.comments import inline_comment, review_diff
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.fingerprint import FingerprintedFinding, fingerprint_findings, patches_of
 from bot.review.living_summary import (
@@ -42,6 +43,7 @@ from bot.review.repo_settings import EXCLUDED
 
 log = logging.getLogger(__name__)
 
+REFUSED_NOTE = "summary only: the forge refused its line"
 # Every finding goes through the quiet decision; the inline cap applies there.
 ALL_FINDINGS = 1_000_000
 
@@ -91,10 +93,11 @@ def listed_stored(item: StoredFinding) -> ListedFinding:
     return ListedFinding(item.path, item.line, item.severity, item.body)
 
 
-def inline_review(job: Job, decision: QuietDecision) -> ReviewToPost:
+def inline_review(job: Job, decision: QuietDecision, chunks: Sequence[Chunk] = ()) -> ReviewToPost:
     """The inline comments of the new findings, as one review (GitHub) or discussions."""
     diff: Mapping[str, Any] = job.request.get("diff") or {}
     head_sha = str(diff.get("head_sha") or job.head_sha)
+    diff_of = review_diff(file for chunk in chunks for file in chunk.files)
     count = len(decision.inline)
     body = (
         f"review-bot: {count} new finding{'s' if count != 1 else ''} on commit "
@@ -104,10 +107,9 @@ def inline_review(job: Job, decision: QuietDecision) -> ReviewToPost:
         job_id=job.id,
         body=body,
         comments=tuple(
-            InlineComment(
-                path=item.finding.path,
-                line=item.finding.line,
-                side=item.finding.side,
+            inline_comment(
+                item.finding,
+                diff_of,
                 body=render_comment(item.finding.severity, item.finding.body),
             )
             for item in decision.inline
@@ -156,13 +158,17 @@ def summary_facts(
     rejected: int,
     settings: QuietSettings,
     level_reasons: Sequence[str] = (),
+    refused: Collection[int] = (),
 ) -> SummaryFacts:
     """What the living summary says after this review (pure)."""
     increment: Mapping[str, Any] = job.request.get("increment") or {}
     mode = str(increment.get("mode") or "full")
     reason = str(increment.get("reason") or "the whole pull request")
     floor_note = f"summary only: below {settings.min_inline_severity}"
-    new = [listed(item) for item in decision.inline]
+    new = [
+        listed(item, REFUSED_NOTE if index in refused else "")
+        for index, item in enumerate(decision.inline)
+    ]
     over_cap = {item.fingerprint for item in decision.summary_only[: decision.over_cap]}
     for item in decision.summary_only:
         note = "summary only: over the inline cap" if item.fingerprint in over_cap else floor_note
@@ -346,7 +352,9 @@ async def _post(
     posted: PostedFindings | None = None
     if decision.inline:
         await check()
-        posted = await quiet.post_findings(job.repo, job.number, inline_review(job, decision))
+        posted = await quiet.post_findings(
+            job.repo, job.number, inline_review(job, decision, chunks)
+        )
     await posting.findings.record(
         pull, findings_to_record(decision, posted), job_id=job.id, now=now, fence=fence
     )
@@ -379,6 +387,7 @@ async def _post(
             rejected=rejected,
             settings=quiet_settings,
             level_reasons=level_reasons,
+            refused=posted.rejected if posted is not None else (),
         )
     )
     summary_id = await upsert_summary(quiet, job, body, still_held=still_held)
