@@ -189,6 +189,10 @@ class Settings:
     status_enabled: bool = True
     status_neutral_at: str = "major"
     status_interval_s: float = 5.0
+    # Limits on every database session (bot.db.SessionTimeouts); 0 turns one off.
+    db_statement_timeout_s: float = 60.0
+    db_lock_timeout_s: float = 10.0
+    db_idle_in_transaction_timeout_s: float = 30.0
     # News-only status writes (a moved ETA, place or progress) per forge per hour; 0: none.
     status_updates_per_hour: int = 120
 
@@ -237,6 +241,14 @@ def _positive_int(environ: Mapping[str, str], name: str, default: int) -> int:
     value = _int(environ, name, default)
     if value < 1:
         raise ConfigError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def _limit_s(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A time limit in seconds: zero (no limit) or more."""
+    value = _float(environ, name, default)
+    if value < 0:
+        raise ConfigError(f"{name} must be 0 (no limit) or more seconds, got {value:g}")
     return value
 
 
@@ -412,6 +424,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         status_enabled=_bool(env, "REVIEW_BOT_STATUS", True),
         status_neutral_at=_named_severity(env, "REVIEW_BOT_STATUS_NEUTRAL_AT", "major"),
         status_interval_s=_float(env, "REVIEW_BOT_STATUS_INTERVAL_S", 5.0),
+        db_statement_timeout_s=_limit_s(env, "REVIEW_BOT_DB_STATEMENT_TIMEOUT_S", 60.0),
+        db_lock_timeout_s=_limit_s(env, "REVIEW_BOT_DB_LOCK_TIMEOUT_S", 10.0),
+        db_idle_in_transaction_timeout_s=_limit_s(
+            env, "REVIEW_BOT_DB_IDLE_IN_TRANSACTION_TIMEOUT_S", 30.0
+        ),
         status_updates_per_hour=_non_negative_int(env, "REVIEW_BOT_STATUS_UPDATES_PER_HOUR", 120),
     )
 

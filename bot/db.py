@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from alembic import command
@@ -21,13 +22,41 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 MIGRATION_LOCK_KEY = int.from_bytes(b"revbotmg", "big")
 
 
+@dataclass(frozen=True, slots=True)
+class SessionTimeouts:
+    """Limits every session of the bot runs under, so no connection holds others hostage: a
+    process paused inside a transaction loses it (and its locks) after
+    `idle_in_transaction_s`; a statement waits at most `lock_s` for a lock and runs at most
+    `statement_s`. Zero turns a limit off."""
+
+    statement_s: float = 60.0
+    lock_s: float = 10.0
+    idle_in_transaction_s: float = 30.0
+
+    def server_settings(self) -> dict[str, str]:
+        """The limits as PostgreSQL session settings (milliseconds)."""
+        return {
+            "statement_timeout": str(round(self.statement_s * 1000)),
+            "lock_timeout": str(round(self.lock_s * 1000)),
+            "idle_in_transaction_session_timeout": str(round(self.idle_in_transaction_s * 1000)),
+        }
+
+
 def create_engine(
-    url: str, *, pool_size: int = 10, application_name: str = "review-bot"
+    url: str,
+    *,
+    pool_size: int = 10,
+    application_name: str = "review-bot",
+    timeouts: SessionTimeouts | None = None,
 ) -> AsyncEngine:
-    """Create the async engine every store and report shares."""
+    """Create the async engine every store and report shares, its sessions under `timeouts`."""
+    server_settings = {
+        "application_name": application_name,
+        **(timeouts or SessionTimeouts()).server_settings(),
+    }
     return create_async_engine(
         async_url(url),
-        connect_args={"server_settings": {"application_name": application_name}},
+        connect_args={"server_settings": server_settings},
         pool_size=pool_size,
         max_overflow=pool_size,
         # After a server restart every pooled connection is dead; without a ping on checkout

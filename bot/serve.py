@@ -14,7 +14,7 @@ from aiohttp import web
 from bot.app import create_app, create_worker_app
 from bot.clock import Clock, SystemClock
 from bot.config import Settings, check_scheduler_settings
-from bot.db import is_database_unavailable, upgrade_database
+from bot.db import SessionTimeouts, is_database_unavailable, upgrade_database
 from bot.engine_setup import engine_pool_for, served_line_budget
 from bot.errors import ConfigError
 from bot.forges.registry import ForgeRegistry, build_forges, configured_forges
@@ -68,6 +68,11 @@ def open_store(settings: Settings, *, pool_size: int | None = None) -> QueueStor
         pool_size=pool_size or max(10, settings.scheduler.workers + 4),
         # Quiet reviews let a running review finish; the next covers what came after it.
         settings=QueueSettings(supersede_running=not settings.quiet_reviews),
+        timeouts=SessionTimeouts(
+            statement_s=settings.db_statement_timeout_s,
+            lock_s=settings.db_lock_timeout_s,
+            idle_in_transaction_s=settings.db_idle_in_transaction_timeout_s,
+        ),
     )
 
 

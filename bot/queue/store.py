@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.db import create_engine
+from bot.db import SessionTimeouts, create_engine
 from bot.queue.base import QueueSettings
 from bot.queue.chunks import ChunkLeases
 from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, Connector
@@ -37,8 +37,11 @@ class QueueStore(ChunkLeases, PostingClaims, JobHistory):
         settings: QueueSettings | None = None,
         pool_size: int = 10,
         application_name: str = "review-bot",
+        timeouts: SessionTimeouts | None = None,
     ) -> QueueStore:
-        engine = create_engine(url, pool_size=pool_size, application_name=application_name)
+        engine = create_engine(
+            url, pool_size=pool_size, application_name=application_name, timeouts=timeouts
+        )
         return cls(engine, settings=settings)
 
     async def close(self) -> None:
