@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -128,6 +129,12 @@ def _command_emulator(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _command_trace(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.sim.shapes import run_trace_command
+
+    return run_trace_command(args)
+
+
 def _command_report(args: argparse.Namespace, settings: Settings) -> int:
     from bot.obs.reports import run_report_command
 
@@ -140,12 +147,68 @@ def _command_demo(args: argparse.Namespace, settings: Settings) -> int:
     return run_demo(args, settings)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default (when it has one); paragraphs of indented lines
+    (lists in descriptions and epilogs) are kept as written, the others wrapped."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = text.split("\n\n")
+        return "\n\n".join(
+            paragraph
+            if any(line.startswith("  ") for line in paragraph.splitlines())
+            else "\n".join(
+                textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
+                for line in paragraph.splitlines()
+            )
+            for paragraph in paragraphs
+        )
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "%(default)" in text
+            or "default" in text
+            or action.default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+SERVE_ENVIRONMENT = """\
+everything else comes from the environment (README, Configuration), chiefly:
+  DATABASE_URL           the PostgreSQL the queue lives in
+  GITHUB_WEBHOOK_SECRET  what GitHub deliveries are checked with
+  GITLAB_WEBHOOK_TOKEN   what GitLab deliveries are checked with
+  GITHUB_TOKEN           GitHub API token (or GITHUB_APP_ID and GITHUB_PRIVATE_KEY)
+  GITHUB_API_URL         GitHub's API (default https://api.github.com)
+  GITLAB_URL             GitLab (default https://gitlab.com), with GITLAB_TOKEN
+  REVIEW_BOT_LLM         the LLM backend: openai, vllm or simulated
+  REVIEW_BOT_LLM_URLS    the OpenAI-compatible servers (or one router)
+  secrets may also come from a file named by NAME_FILE (Docker and Kubernetes secrets)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from bot.obs.reports import REPORT_HELP, REPORT_NAMES
+    from bot.sim.shapes import DEFAULT_SEED, DEFAULT_SHAPE, SHAPES, shapes_help
+    from bot.sim.shapes import listing as described
+
     parser = argparse.ArgumentParser(
-        prog="bot", description="review-bot: scheduled AI code review for GitHub and GitLab"
+        prog="bot",
+        description="review-bot: scheduled AI code review for GitHub and GitLab",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
-    commands = parser.add_subparsers(dest="command", required=True)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+
+    class _Commands:
+        """add_parser with this CLI's help formatter on every command."""
+
+        def add_parser(self, name: str, **options: Any) -> argparse.ArgumentParser:
+            options.setdefault("formatter_class", _HelpFormatter)
+            return subparsers.add_parser(name, **options)
+
+    commands = _Commands()
 
     db = commands.add_parser("db", help="database migrations")
     db_commands = db.add_subparsers(dest="db_command", required=True)
@@ -156,16 +219,36 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser("head", help="print the newest migration revision")
     db.set_defaults(handler=_command_db)
 
-    serve = commands.add_parser("serve", help="run the webhook server and/or the dispatcher")
-    serve.add_argument("--role", choices=("web", "dispatcher", "all"), default="all")
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--workers", type=int, default=None, help="LLM worker slots (default 8)")
-    serve.add_argument("--no-migrate", action="store_true", help="do not migrate at start")
+    serve = commands.add_parser(
+        "serve",
+        help="run the webhook server and/or the dispatcher",
+        description="Run the webhook server (web), the dispatcher, or both in one process.",
+        epilog=SERVE_ENVIRONMENT,
+    )
+    serve.add_argument(
+        "--role",
+        choices=("web", "dispatcher", "all"),
+        default="all",
+        help="web: take webhooks, /admin, /metrics; dispatcher: run reviews; all: both",
+    )
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="LLM worker slots of this dispatcher (default: $REVIEW_BOT_WORKERS, else 8)",
+    )
+    serve.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="do not migrate the database at start (default: migrate, under an advisory lock)",
+    )
     serve.add_argument(
         "--insecure-dev",
         action="store_true",
-        help="accept unsigned webhooks when no secret is set (development only)",
+        help="accept unsigned webhooks when no secret is set, development only "
+        "(default: $REVIEW_BOT_INSECURE_DEV, else off)",
     )
     serve.set_defaults(handler=_command_serve)
 
@@ -180,11 +263,23 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true")
     queue.set_defaults(handler=_command_queue)
 
-    simulate = commands.add_parser("simulate", help="replay a trace under a virtual clock")
-    simulate.add_argument("--trace", required=True)
+    simulate = commands.add_parser(
+        "simulate",
+        help="replay a trace under a virtual clock",
+        description="Replay a trace through the pipeline bot serve runs (real PostgreSQL: "
+        "DATABASE_URL, else a throwaway one), with a virtual clock and the simulated LLM.",
+    )
+    simulate.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="a JSON-lines trace (default: a generated morning, the trace "
+        f"`bot trace generate --shape {DEFAULT_SHAPE} --seed {DEFAULT_SEED}` writes)",
+    )
     simulate.add_argument("--policy", choices=("fifo", "priority", "mlfq"), default="mlfq")
-    simulate.add_argument("--workers", type=int, default=None)
-    simulate.add_argument("--json", action="store_true")
+    simulate.add_argument(
+        "--workers", type=int, default=None, help="GPU workers (default: the trace header's)"
+    )
+    simulate.add_argument("--json", action="store_true", help="print the result as JSON")
     simulate.add_argument("--keep", action="store_true", help="keep the simulation database")
     simulate.add_argument(
         "--batching",
@@ -194,9 +289,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.set_defaults(handler=_command_simulate)
 
+    trace = commands.add_parser("trace", help="make traces for bot simulate")
+    trace_commands = trace.add_subparsers(dest="trace_command", required=True)
+    generate = trace_commands.add_parser(
+        "generate",
+        help="write a generated trace (JSON lines): a named shape, a seed, any parameter",
+        formatter_class=_HelpFormatter,
+        description="Write a synthetic trace of review requests; the same shape, settings and "
+        "seed give the same file. The format is the one bot simulate reads (a header line, "
+        "then one request per line).",
+        epilog=f"shapes:\n{shapes_help()}\n\nexample:\n  bot trace generate --shape "
+        "heavy-tail --seed 3 --set gitlab_share=0.5 --out heavy.jsonl\n"
+        "  bot simulate --trace heavy.jsonl --policy mlfq",
+    )
+    generate.add_argument(
+        "--shape", choices=tuple(SHAPES), default=DEFAULT_SHAPE, help="what kind of day (below)"
+    )
+    generate.add_argument("--seed", type=int, default=DEFAULT_SEED, help="random seed")
+    generate.add_argument(
+        "--requests", type=int, default=None, help="number of requests (default: the shape's)"
+    )
+    generate.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a parameter of the shape (repeatable), e.g. duration_s=7200, "
+        "large_share=0.2, hotfix_per_1000=50, gitlab_share=0.5, workers=16, "
+        "repos=acme/a,acme/b (every field of bot.sim.trace.TraceShape)",
+    )
+    generate.add_argument("--out", metavar="FILE", help="write here (default: standard output)")
+    trace.set_defaults(handler=_command_trace)
+
     emulator = commands.add_parser("emulator", help="run the GitHub/GitLab forge emulator")
-    emulator.add_argument("--host", default="127.0.0.1")
-    emulator.add_argument("--port", type=int, default=8900)
+    emulator.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    emulator.add_argument("--port", type=int, default=8900, help="port to listen on")
     emulator.add_argument(
         "--prs",
         metavar="FILE",
@@ -211,12 +337,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     emulator.set_defaults(handler=_command_emulator)
 
-    report = commands.add_parser("report", help="admin reports from the database")
-    report.add_argument("name")
-    report.add_argument("--since")
-    report.add_argument("--until")
-    report.add_argument("--repo")
-    report.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    report = commands.add_parser(
+        "report",
+        help="admin reports from the database",
+        description="Print a report from the database (DATABASE_URL); reports only read.",
+        epilog="reports:\n" + described({name: REPORT_HELP[name] for name in REPORT_NAMES}),
+    )
+    report.add_argument("name", choices=REPORT_NAMES, metavar="NAME", help="which report (below)")
+    report.add_argument("--since", help="from this time, e.g. 2026-01-05T08:00 (UTC)")
+    report.add_argument("--until", help="until this time (default: now)")
+    report.add_argument("--repo", help="only this repository")
+    report.add_argument(
+        "--format", choices=("table", "csv", "json"), default="table", help="output format"
+    )
     report.add_argument("--before", help="compare: the earlier period or simulation JSON")
     report.add_argument("--after", help="compare: the later period or simulation JSON")
     report.set_defaults(handler=_command_report)

@@ -149,6 +149,22 @@ STATEMENTS: Mapping[str, TextClause] = {
     "alerts": ALERTS,
 }
 REPORT_NAMES: tuple[str, ...] = (*STATEMENTS, "compare")
+# What each report shows, for `bot report -h`.
+REPORT_HELP: Mapping[str, str] = {
+    "waits": "per level: count, started, still waiting, mean, P50/P95/P99, max, breaches "
+    "(jobs that started after their level's alert threshold, or still wait past it)",
+    "durations": "service time P50/P95/P99, P99/P50 and stddev/mean, and what they mean for "
+    "scheduling",
+    "workers": "throughput and utilization per worker and hour",
+    "engines": "chunks, tokens and engine seconds per LLM server and hour",
+    "repos": "per repository, slowest first: reviews, wait, turnaround, GPU time, the largest",
+    "largest": "the largest reviews by changed lines",
+    "commands": "reprioritizations and slash commands, and who made them",
+    "failures": "dead and failed jobs with their errors",
+    "alerts": "wait alerts raised",
+    "compare": "two periods (--before/--after FROM/TO) or two `bot simulate --json` outputs: "
+    "did mean wait fall by 50%?",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -572,6 +588,7 @@ def run_report_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 __all__ = [
+    "REPORT_HELP",
     "REPORT_NAMES",
     "Report",
     "ReportError",

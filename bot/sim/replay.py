@@ -13,6 +13,7 @@ import asyncio
 import heapq
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -493,11 +494,28 @@ def render_batching(result: dict[str, Any], *, workers: int) -> str:
     return "\n".join(lines)
 
 
+def trace_to_replay(path: str | None) -> Trace:
+    """The trace at `path`, or without one the generated morning (said on stderr), so a plain
+    clone simulates without a trace file; raises TraceError."""
+    if path:
+        return load_trace(path)
+    from bot.sim.shapes import DEFAULT_SEED, DEFAULT_SHAPE, generated_trace
+
+    trace = generated_trace(DEFAULT_SHAPE, seed=DEFAULT_SEED)
+    print(
+        f"bot simulate: no --trace given: replaying a generated {DEFAULT_SHAPE} "
+        f"({len(trace.requests)} requests; the same as `bot trace generate --shape "
+        f"{DEFAULT_SHAPE} --seed {DEFAULT_SEED}`)",
+        file=sys.stderr,
+    )
+    return trace
+
+
 def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
     """The `bot simulate` command."""
     from bot import devdb
 
-    trace = load_trace(args.trace)
+    trace = trace_to_replay(args.trace)
     policy: SchedulingPolicy = args.policy
     workers = args.workers or trace.header.workers
     profile_name = getattr(args, "batching", None)
