@@ -51,6 +51,31 @@ def _command_db(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _command_check(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.clock import SystemClock
+    from bot.db import create_engine
+    from bot.queue.guarantees import GuaranteeLimits, check_guarantees, render_guarantees
+
+    limits = GuaranteeLimits(
+        lease_s=settings.scheduler.lease_s,
+        heartbeat_s=settings.scheduler.heartbeat_s,
+        max_chunk_attempts=settings.scheduler.max_attempts,
+    )
+
+    async def run() -> Any:
+        engine = create_engine(
+            _require_database(settings), pool_size=1, application_name="review-bot-check"
+        )
+        try:
+            return await check_guarantees(engine, now=SystemClock().now(), limits=limits)
+        finally:
+            await engine.dispose()
+
+    results = asyncio.run(run())
+    print(render_guarantees(results))
+    return 0 if all(result.holds for result in results) else 1
+
+
 def _command_queue(args: argparse.Namespace, settings: Settings) -> int:
     from bot.queue import inspect
     from bot.queue.store import QueueStore
@@ -262,6 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("job_id", type=int)
     show.add_argument("--json", action="store_true")
     queue.set_defaults(handler=_command_queue)
+
+    check = commands.add_parser(
+        "check", help="check the queue's guarantees in SQL; exit 1 when one is broken"
+    )
+    check.set_defaults(handler=_command_check)
 
     simulate = commands.add_parser(
         "simulate",
