@@ -39,6 +39,9 @@ LEVELS: tuple[Level, ...] = (Level.P0, Level.P1, Level.P2, Level.P3)
 
 # Severities of a review finding, most severe first.
 SEVERITIES: tuple[str, ...] = ("critical", "major", "minor", "info")
+# Where the bot anchored a finding (bot.review.anchor): the named line, the quoted line, a
+# changed line nearby, or nowhere (listed in the summary only).
+ANCHOR_OUTCOMES: tuple[str, ...] = ("exact", "by_quote", "nearby", "summary_only")
 
 
 class JobState(enum.StrEnum):

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock
 from bot.errors import ConfigError, StoreError
-from bot.model import LEVELS, Level
+from bot.model import ANCHOR_OUTCOMES, LEVELS, Level
 from bot.obs import monitoring_sql as sql
 from bot.obs.access import bearer_token, token_matches
 from bot.obs.liveness import read_liveness, stale_after
@@ -131,6 +131,13 @@ class Metrics:
             "Queue wait from ready to the first chunk's start, per level at intake",
             ["level"],
             buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.anchored = Counter(
+            "review_bot_findings_anchored_total",
+            "Findings by where the bot anchored them: exact (the named line), by_quote (the "
+            "quoted line), nearby (a changed line within 3), summary_only (not placed)",
+            ["outcome"],
             registry=r,
         )
         self.turnaround = Histogram(
@@ -280,6 +287,12 @@ class Metrics:
         if prefix_cache_hit_rate is not None:
             self.engine_prefix_hits.labels(engine).set(prefix_cache_hit_rate)
         self.engine_busy.labels(engine).inc(max(0.0, busy_s))
+
+    def count_anchoring(self, outcomes: Mapping[str, Any]) -> None:
+        """Add one chunk's anchoring outcomes (outcome -> findings)."""
+        for outcome, count in outcomes.items():
+            if outcome in ANCHOR_OUTCOMES and int(count) > 0:
+                self.anchored.labels(outcome=outcome).inc(int(count))
 
     def count_webhook(self, forge: str, outcome: str) -> None:
         self.webhooks.labels(forge, outcome).inc()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from bot.model import Chunk, Job, JobState
+from bot.model import ANCHOR_OUTCOMES, Chunk, Job, JobState
 from bot.queue.store import HistoryEntry, QueueStore
 
 # States a job ends in for a reason other than success; the reason is kept in last_error.
@@ -100,7 +100,18 @@ def chunk_document(chunk: Chunk) -> dict[str, Any]:
         "result_status": result.get("status"),
         "result_error": result.get("error"),
         "findings": len(result.get("findings") or ()),
+        "anchoring": anchoring_of([result]),
     }
+
+
+def anchoring_of(results: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How the findings of these chunk results were anchored, per outcome (stored per chunk)."""
+    totals = dict.fromkeys(ANCHOR_OUTCOMES, 0)
+    for result in results:
+        for outcome, count in (result.get("anchoring") or {}).items():
+            if outcome in totals:
+                totals[outcome] += int(count)
+    return totals
 
 
 def job_document(view: JobView) -> dict[str, Any]:
@@ -131,6 +142,7 @@ def job_document(view: JobView) -> dict[str, Any]:
         "chunks_done": job.chunks_done,
         "chunks_total": job.chunks_total,
         "gpu_seconds": round(job.gpu_seconds, 3),
+        "anchoring": anchoring_of([chunk.result or {} for chunk in view.chunks]),
         "history": [
             {
                 "at": _time(entry.at),
@@ -160,6 +172,12 @@ def render_job(document: Mapping[str, Any]) -> str:
         f"  progress   {document['chunks_done']}/{document['chunks_total']} chunks, "
         f"{document['gpu_seconds']} GPU s, {document['attempts']} attempts",
     ]
+    anchoring = document.get("anchoring") or {}
+    if any(anchoring.values()):
+        placed = ", ".join(
+            f"{count} {outcome.replace('_', ' ')}" for outcome, count in anchoring.items()
+        )
+        lines.append(f"  anchoring  {placed}")
     if document["depends_on"]:
         lines.append(f"  waits on   jobs {', '.join(map(str, document['depends_on']))}")
     if document["last_error"]:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bot.diff import SIDES, Side, file_value, parse_hunks, prompt_text
+from bot.model import ANCHOR_OUTCOMES
 
 AnchorOutcome = Literal["exact", "by_quote", "nearby", "summary_only"]
-ANCHOR_OUTCOMES: tuple[AnchorOutcome, ...] = ("exact", "by_quote", "nearby", "summary_only")
 NEARBY_LINES = 3
 # A one-line quote shorter than this must equal the line; a longer one may be part of it.
 MIN_PARTIAL_QUOTE = 8

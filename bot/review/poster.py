@@ -151,6 +151,7 @@ def review_record(posted: PostedReview, assembled: AssembledReview | None) -> di
             complete=assembled.complete,
             skipped=len(assembled.skipped),
             summary=assembled.summary,
+            anchoring=dict(assembled.anchoring),
         )
     return record
 

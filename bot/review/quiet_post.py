@@ -407,6 +407,7 @@ async def _post(
         "complete": assembled.complete,
         "skipped": len(assembled.skipped),
         "summary": body,
+        "anchoring": dict(assembled.anchoring),
     }
 
 

@@ -159,14 +159,16 @@ class Dispatcher(DispatcherCore):
             # call gets its share instead. One that charges a cost model has said its cost.
             if shared is not None and usage.gpu_seconds == usage.latency_s:
                 gpu_seconds = shared
+        result = review.to_result()
         if self.metrics is not None:
             usage = review.usage
             self.metrics.observe_chunk(self.settings.owner, gpu_seconds)
             self.metrics.observe_llm(usage.latency_s, usage.prompt_tokens, usage.completion_tokens)
+            self.metrics.count_anchoring(result.get("anchoring") or {})
         await self.finish_chunk(
             leased,
             gpu_seconds=gpu_seconds,
-            result=review.to_result(),
+            result=result,
             now=self.clock.now(),
         )
 
