@@ -103,6 +103,7 @@ def create_app(
         metrics=metrics,
         dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
     )
+    app.router.add_get("/livez", handle_live)
     if forges:
         # Slash commands run off the webhook path, in a worker started with the app.
         setup_commands(app, store=store, forges=forges, policies=book, clock=used_clock)
@@ -110,9 +111,18 @@ def create_app(
 
 
 def create_worker_app(
-    store: QueueStore, *, metrics: Metrics, clock: Clock, settings: Settings | None = None
+    store: QueueStore,
+    *,
+    metrics: Metrics,
+    clock: Clock,
+    settings: Settings | None = None,
+    draining: Callable[[], bool] | None = None,
 ) -> web.Application:
-    """What a dispatcher-only process serves: `/healthz` and `/metrics`, nothing else."""
+    """What a dispatcher-only process serves: `/healthz`, `/livez` and `/metrics`.
+
+    `/healthz` is 503 while the database does not answer or, once `draining()` is true, while
+    the process hands its work back before it exits.
+    """
     app = web.Application(middlewares=[error_middleware])
     app[STORE_KEY] = store
     app[CLOCK_KEY] = clock
@@ -134,11 +144,23 @@ def create_worker_app(
     )
 
     async def health(request: web.Request) -> web.Response:
+        if draining is not None and draining():
+            return web.json_response({"status": "draining"}, status=503)
         await store.ping()  # StoreUnavailable becomes a 503 in the middleware
         return web.json_response({"status": "ok"})
 
     app.router.add_get("/healthz", health)
+    app.router.add_get("/livez", handle_live)
     return app
+
+
+async def handle_live(request: web.Request) -> web.Response:
+    """GET /livez: 200 while the process's event loop answers, whatever the database does.
+
+    A liveness probe on `/healthz` would restart every replica during a database outage,
+    which each process rides out by itself (bot.outage); a wedged process fails this one.
+    """
+    return web.json_response({"status": "alive"})
 
 
 def check_webhook_secrets(settings: Settings) -> None:

@@ -117,6 +117,10 @@ class SchedulerSettings:
     max_attempts: int = 3
     retry_backoff_s: float = 10.0
     poll_s: float = 5.0  # fallback poll when LISTEN/NOTIFY is quiet
+    # On SIGTERM a dispatcher takes no new chunk and gives its running calls this long to
+    # finish; what still runs then is handed back. Keep it under the orchestrator's grace
+    # (Kubernetes' terminationGracePeriodSeconds, compose's stop_grace_period).
+    shutdown_grace_s: float = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +210,10 @@ def check_scheduler_settings(settings: SchedulerSettings) -> None:
         raise ConfigError(f"REVIEW_BOT_LEASE_S must be positive, got {settings.lease_s:g}")
     if settings.heartbeat_s <= 0:
         raise ConfigError(f"REVIEW_BOT_HEARTBEAT_S must be positive, got {settings.heartbeat_s:g}")
+    if settings.shutdown_grace_s < 0:
+        raise ConfigError(
+            f"REVIEW_BOT_SHUTDOWN_GRACE_S must be 0 or more, got {settings.shutdown_grace_s:g}"
+        )
     # Three heartbeats per lease: one late or lost renewal must not cost a live worker its work.
     if settings.heartbeat_s * 3 > settings.lease_s:
         raise ConfigError(
@@ -355,6 +363,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         lease_s=lease_s,
         heartbeat_s=_float(env, "REVIEW_BOT_HEARTBEAT_S", default_heartbeat_s(lease_s)),
         max_attempts=_int(env, "REVIEW_BOT_MAX_ATTEMPTS", 3),
+        shutdown_grace_s=_float(env, "REVIEW_BOT_SHUTDOWN_GRACE_S", 20.0),
     )
     if scheduler.workers < 1:
         raise ConfigError("REVIEW_BOT_WORKERS must be at least 1")
@@ -383,7 +392,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         except ValueError as exc:
             raise ConfigError(f"REVIEW_BOT_WINDOW_CEILING: {exc}") from exc
     urls = tuple(u.strip() for u in env.get("REVIEW_BOT_LLM_URLS", "").split(",") if u.strip())
-    raw_url = env.get("DATABASE_URL")
+    # The URL carries the database password: it may come from a mounted secret file too.
+    raw_url = _secret(env, "DATABASE_URL")
     return Settings(
         database_url=normalize_database_url(raw_url) if raw_url else None,
         github_webhook_secret=_secret(env, "GITHUB_WEBHOOK_SECRET"),

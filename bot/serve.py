@@ -16,7 +16,7 @@ from bot.clock import Clock, SystemClock
 from bot.config import Settings, check_scheduler_settings
 from bot.db import SessionTimeouts, is_database_unavailable, upgrade_database
 from bot.engine_setup import engine_pool_for, served_line_budget
-from bot.errors import ConfigError
+from bot.errors import ConfigError, StoreError
 from bot.forges.registry import ForgeRegistry, build_forges, configured_forges
 from bot.llm.base import LLMBackend
 from bot.llm.factory import check_backend_choice, create_backend
@@ -25,6 +25,7 @@ from bot.outage import OutageWatch
 from bot.pipeline import build_pipeline
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueSettings, QueueStore
+from bot.review.forge_side import ReviewPipeline
 from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
 from bot.review.quiet_post import quiet_posting
@@ -115,8 +116,19 @@ def start_dispatcher(
     )
     dispatcher = pipeline.dispatcher
     heartbeat_s = settings.scheduler.heartbeat_s
+    # Posting claims are renewed until the dispatcher has drained: a review being posted
+    # during the grace keeps its claim.
+    drained = asyncio.Event()
+
+    async def dispatch() -> None:
+        try:
+            await dispatcher.run(database_url=settings.database_url)
+        finally:
+            drained.set()
+            await release_posting_claims(pipeline.reviews)
+
     tasks = [
-        asyncio.create_task(dispatcher.run(database_url=settings.database_url)),
+        asyncio.create_task(dispatch()),
         # Taking over a dead process's reviews follows the lease: the recovery pass looks for
         # expired claims as often as the heartbeat renews live ones.
         asyncio.create_task(
@@ -125,7 +137,7 @@ def start_dispatcher(
             )
         ),
         asyncio.create_task(
-            pipeline.reviews.run_heartbeat(clock, interval_s=heartbeat_s, stop=stop)
+            pipeline.reviews.run_heartbeat(clock, interval_s=heartbeat_s, stop=drained)
         ),
     ]
     if settings.status_enabled and forges:
@@ -137,6 +149,26 @@ def start_dispatcher(
             )
         )
     return dispatcher, tasks
+
+
+async def release_posting_claims(reviews: ReviewPipeline) -> None:
+    """Give up the posting claims a stopping process still holds; if the database is away,
+    they run out instead."""
+    try:
+        released = await reviews.release_claims()
+    except StoreError as exc:
+        log.warning(
+            "posting claims not given up (they run out instead): %s",
+            exc,
+            extra={"action": "release_failed"},
+        )
+        return
+    if released:
+        log.info(
+            "gave up %d posting claims",
+            released,
+            extra={"action": "posting_claims_released", "released": released},
+        )
 
 
 def worker_name() -> str:
@@ -214,7 +246,9 @@ async def serve(
                 metrics=metrics,
             )
         else:  # a dispatcher alone still answers health checks and scrapes
-            app = create_worker_app(store, metrics=metrics, clock=clock, settings=settings)
+            app = create_worker_app(
+                store, metrics=metrics, clock=clock, settings=settings, draining=stop.is_set
+            )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host, port, backlog=1024).start()

@@ -95,3 +95,15 @@ def test_simulate_with_a_driver_spelling(
     assert main(["simulate", "--trace", str(trace_path), "--json", "--workers", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["completed"] == result["requests"] > 0
+
+
+def test_the_url_may_come_from_a_secret_file(tmp_path: Path) -> None:
+    secret = tmp_path / "database-url"
+    secret.write_text("postgres://bot:pw@db:5432/reviewbot\n")
+    settings = load_settings({"DATABASE_URL_FILE": str(secret)})
+    assert settings.database_url == "postgresql://bot:pw@db:5432/reviewbot"
+    # The variable itself wins over the file, as for every secret.
+    both = load_settings({"DATABASE_URL": "postgresql://x@h/d", "DATABASE_URL_FILE": str(secret)})
+    assert both.database_url == "postgresql://x@h/d"
+    with pytest.raises(ConfigError, match=r"DATABASE_URL_FILE=.*missing"):
+        load_settings({"DATABASE_URL_FILE": str(tmp_path / "missing")})

@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,16 +98,22 @@ def _environment(database_url: str, emulator: ForgeEmulator, **extra: str) -> di
 
 @contextlib.asynccontextmanager
 async def _serving(
-    roles: Sequence[str], env: dict[str, str], logs: Path
+    roles: Sequence[str],
+    env: dict[str, str],
+    logs: Path,
+    *,
+    extra_env: Mapping[int, Mapping[str, str]] | None = None,
 ) -> AsyncIterator[list[Served]]:
-    """Start one `bot serve` per role; they are stopped (SIGTERM, then SIGKILL) afterwards."""
+    """Start one `bot serve` per role (the one at index i with `extra_env[i]` added); they are
+    stopped (SIGTERM, then SIGKILL) afterwards."""
     served: list[Served] = []
     try:
         for index, role in enumerate(roles):
             port = free_port()
             log = logs / f"{index}-{role}.log"
+            own_env = {**env, **(extra_env or {}).get(index, {})}
             with log.open("wb") as sink:  # the child keeps its own descriptor
-                process = await start_serve(role, port=port, env=env, stderr=sink)
+                process = await start_serve(role, port=port, env=own_env, stderr=sink)
             served.append(Served(role, process, port, log))
         for item in served:
 
@@ -228,8 +235,7 @@ async def _jobs_posting_by(database_url: str, owner_pattern: str) -> list[int]:
         """
         SELECT id FROM review_jobs
         WHERE state = 'running' AND planned AND chunks_total > 0
-          AND chunks_done = chunks_total AND request->>'posting_by' LIKE $1
-          AND CAST(request->>'posting_until' AS timestamptz) > now()
+          AND chunks_done = chunks_total AND posting_by LIKE $1 AND posting_until > now()
         """,
         owner_pattern,
     )
@@ -290,6 +296,99 @@ async def test_a_dispatcher_killed_mid_burst_loses_and_repeats_nothing(
     outcomes = await _check_exactly_once(db_url, state, answers)
     assert outcomes == {"queued": BURST}
     print(f"killed at '{point}': {BURST} reviews posted once each, drained {drain_s:.1f} s after")
+
+
+DRAIN_LINE = re.compile(r"drained: (\d+) running chunks ended within [\d.]+ s, (\d+) handed back")
+
+
+@pytest.mark.parametrize(
+    ("grace_s", "victim_scale"),
+    [
+        # Calls of 2-10 s against a grace of 30 s: what runs finishes, nothing is handed back.
+        (30.0, "0.3"),
+        # Calls of 7 s and more against a grace of 1 s: what runs is handed back.
+        (1.0, "0.5"),
+    ],
+    ids=["calls finish within the grace", "calls outlast the grace"],
+)
+async def test_a_dispatcher_stopped_mid_burst_drains_and_loses_nothing(
+    grace_s: float, victim_scale: str, db_url: str, emulator: ForgeEmulator, tmp_path: Path
+) -> None:
+    # A lease far longer than the drill: a chunk or posting claim the stopped dispatcher kept
+    # would hold its review back past the drain timeout instead of being taken over.
+    env = _environment(db_url, emulator, REVIEW_BOT_LEASE_S="300", REVIEW_BOT_HEARTBEAT_S="1")
+    victim_env = {
+        "REVIEW_BOT_SHUTDOWN_GRACE_S": str(grace_s),
+        "REVIEW_BOT_SIM_TIME_SCALE": victim_scale,
+    }
+    roles = ["web", "dispatcher", "dispatcher"]
+    async with _serving(roles, env, tmp_path, extra_env={1: victim_env}) as served:
+        web, victim, survivor = served
+        answers = await _send_all(emulator, web.url, _burst(BURST))
+
+        async def running_on_victim() -> bool:
+            rows = await _fetch(
+                db_url,
+                "SELECT count(*) AS n FROM review_chunks"
+                " WHERE state = 'running' AND lease_owner = $1",
+                victim.owner,
+            )
+            return int(rows[0]["n"]) >= 2
+
+        await wait_until(running_on_victim, timeout_s=60, what="chunks running on the victim")
+        victim.process.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        code = await asyncio.wait_for(victim.process.wait(), timeout=grace_s + 30)
+        exit_s = time.monotonic() - stopped_at
+        log = victim.log.read_text()
+        assert code == 0, log[-3000:]
+        # Nothing of the victim's is left held: no chunk lease, no posting claim.
+        held = await _fetch(
+            db_url,
+            "SELECT (SELECT count(*) FROM review_chunks WHERE state = 'running'"
+            "        AND lease_owner = $1) AS chunks,"
+            "       (SELECT count(*) FROM review_jobs WHERE state = 'running'"
+            "        AND posting_by LIKE $2 AND posting_until IS NOT NULL) AS claims",
+            victim.owner,
+            victim.poster_pattern,
+        )
+        assert (held[0]["chunks"], held[0]["claims"]) == (0, 0)
+        drained_line = DRAIN_LINE.search(log)
+        assert drained_line is not None, log[-3000:]
+        ended, handed_back = int(drained_line[1]), int(drained_line[2])
+        history = await _fetch(
+            db_url,
+            "SELECT count(*) AS n FROM job_history"
+            " WHERE reason = 'handed back at shutdown' AND actor = $1",
+            victim.owner,
+        )
+        assert int(history[0]["n"]) == handed_back
+        if grace_s >= 30:
+            assert ended >= 1 and handed_back == 0 and exit_s < grace_s, (
+                ended,
+                handed_back,
+                exit_s,
+            )
+        else:
+            assert handed_back >= 1 and exit_s < grace_s + 10, (ended, handed_back, exit_s)
+
+        async def drained() -> bool:
+            assert survivor.process.returncode is None, survivor.log.read_text()[-3000:]
+            return await _drained(db_url)
+
+        await wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
+        drain_s = time.monotonic() - stopped_at
+        assert web.process.returncode is None
+    outcomes = await _check_exactly_once(db_url, emulator.state, answers)
+    assert outcomes == {"queued": BURST}
+    # Handed-back chunks were not counted as attempts: no chunk ran out of them.
+    dead = await _fetch(db_url, "SELECT count(*) AS n FROM review_chunks WHERE state = 'dead'")
+    assert int(dead[0]["n"]) == 0
+    print(
+        f"SIGTERM with a grace of {grace_s:g} s: {ended} running chunks ended, {handed_back}"
+        f" handed back, exit after {exit_s:.1f} s; {BURST} reviews posted once each,"
+        f" drained {drain_s:.1f} s after"
+    )
 
 
 async def test_a_backend_raising_the_unexpected_loses_no_review(

@@ -148,3 +148,22 @@ async def test_serve_puts_metrics_on_their_own_port(db_url: str) -> None:
     assert scraped[0] == 200 and "review_bot_dispatchers_alive" in scraped[1]
     assert on_main == 404
     assert process.returncode == 0, stderr.decode()[-2000:]
+
+
+async def test_liveness_and_readiness_per_role(
+    aiohttp_client: ClientMaker, store: QueueStore
+) -> None:
+    web_role = await aiohttp_client(create_app(BASE, store=store, clock=VirtualClock()))
+    assert (await web_role.get("/livez")).status == 200
+    assert (await web_role.get("/healthz")).status == 200
+    draining = False
+    dispatcher_role = await aiohttp_client(
+        create_worker_app(store, metrics=Metrics(), clock=VirtualClock(), draining=lambda: draining)
+    )
+    assert (await dispatcher_role.get("/healthz")).status == 200
+    draining = True  # SIGTERM came: not ready, still alive while it hands its work back
+    refused = await dispatcher_role.get("/healthz")
+    assert refused.status == 503 and (await refused.json())["status"] == "draining"
+    assert (await dispatcher_role.get("/livez")).status == 200
+    await store.close()  # the database gone: not ready, and alive all the same
+    assert (await dispatcher_role.get("/livez")).status == 200

@@ -33,6 +33,17 @@ SELECT_QUEUE_JOBS = _sql(
     """
 )
 
+# Work waiting for a dispatcher process: chunks ready now or running (ix_review_chunks_backlog,
+# an index-only scan) and jobs not planned into chunks yet (ix_review_jobs_unplanned), which
+# only a dispatcher plans, so a backlog shows even with no dispatcher running. KEDA's
+# postgresql scaler polls it to size the dispatcher Deployment; the manifest carries a copy
+# (deploy/k8s/base/dispatcher-autoscaling.yaml) that tests/test_kubernetes.py holds equal.
+DISPATCH_BACKLOG = (
+    "SELECT (SELECT count(*) FROM review_chunks"
+    " WHERE state IN ('queued', 'running') AND available_at <= now())"
+    " + (SELECT count(*) FROM review_jobs WHERE NOT planned AND state = 'queued')"
+)
+
 # Chunks per level that can be taken now, and that are running (uses ix_review_chunks_load).
 SELECT_QUEUE_CHUNKS = _sql(
     """

@@ -345,6 +345,17 @@ POSTING_HELD = _sql(
     """
 )
 
+# Give up the posting claims `owner` holds (a stopping process): another poster may take
+# them at once; the marker on the forge keeps a post that got through from being repeated.
+RELEASE_POSTING_CLAIMS = _sql(
+    """
+    UPDATE review_jobs
+    SET posting_until = NULL
+    WHERE state = 'running' AND posting_by = :owner AND posting_until IS NOT NULL
+    RETURNING id
+    """
+)
+
 # Renew the posting claims `owner` still holds (its heartbeat): a live poster keeps its jobs
 # however slow the forge is, a dead one loses them when the claim runs out.
 RENEW_POSTING_CLAIMS = _sql(

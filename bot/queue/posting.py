@@ -75,6 +75,12 @@ class PostingClaims(StorePart):
             ).all()
         return len(rows)
 
+    async def release_posting_claims(self, *, owner: str) -> int:
+        """Give up every posting claim `owner` holds (shutdown); returns how many."""
+        async with self.connector.single_statement() as conn:
+            rows = (await conn.execute(jobs_sql.RELEASE_POSTING_CLAIMS, {"owner": owner})).all()
+        return len(rows)
+
     async def defer_job(
         self,
         job_id: int,

@@ -170,6 +170,12 @@ review_chunks = Table(
         "state",
         postgresql_where=text("state IN ('queued', 'running')"),
     ),
+    # The dispatch backlog an autoscaler polls (bot.obs.monitoring_sql.DISPATCH_BACKLOG).
+    Index(
+        "ix_review_chunks_backlog",
+        "available_at",
+        postgresql_where=text("state IN ('queued', 'running')"),
+    ),
 )
 
 webhook_deliveries = Table(

@@ -78,6 +78,11 @@ class ReviewPipeline:
             list(self._posting), owner=self.posting.owner, now=now, lease_s=self.posting.lease_s
         )
 
+    async def release_claims(self) -> int:
+        """Give up this process's posting claims (shutdown): the recovery pass of another
+        process posts those reviews at once instead of after the claim runs out."""
+        return await self.store.release_posting_claims(owner=self.posting.owner)
+
     async def job_completed(self, job_id: int, now: datetime) -> None:
         """Post a job whose last chunk finished (the dispatcher's `on_job_complete`)."""
         outcome = await self.post(job_id, now)

@@ -56,6 +56,8 @@ class DispatcherSettings:
     poll_s: float = 5.0
     maintenance_s: float = 60.0  # aging and lease reclaim period
     outage_backoff_s: float = 1.0  # first pause after the database is lost
+    # After stop(), running calls get this long to finish before they are handed back.
+    shutdown_grace_s: float = 20.0
     mlfq: MlfqSettings = field(default_factory=MlfqSettings)
 
     @classmethod
@@ -76,6 +78,7 @@ class DispatcherSettings:
             lease_s=settings.lease_s,
             heartbeat_s=settings.heartbeat_s,
             poll_s=settings.poll_s,
+            shutdown_grace_s=settings.shutdown_grace_s,
             mlfq=MlfqSettings.from_scheduler_settings(settings),
         )
 
@@ -429,7 +432,6 @@ class DispatcherCore:
     ) -> ChunkOutcome | None:
         """Store a finished chunk, learn from it, apply feedback; None when the lease was lost."""
         chunk = leased.chunk
-        self.held.pop(chunk.id, None)
         try:
             outcome = await self.store.finish_chunk(
                 chunk.id,
@@ -440,6 +442,7 @@ class DispatcherCore:
                 attempt=chunk.lease_attempt,
             )
         except LeaseLost:
+            self.held.pop(chunk.id, None)
             log.warning(
                 "chunk %s (attempt %s): lease lost, dropping result",
                 chunk.id,
@@ -447,6 +450,8 @@ class DispatcherCore:
                 extra={"action": "lease_lost", "job_id": chunk.job_id, "chunk_id": chunk.id},
             )
             return None
+        # Held until stored: a stop that cancels the store hands the chunk back.
+        self.held.pop(chunk.id, None)
         if self.settings.policy == "mlfq":
             facts = await self.ranks.facts_of(chunk.job_id, self.estimator)
             if facts is not None and facts.total_lines > 0:
@@ -525,12 +530,17 @@ class DispatcherCore:
         if reclaimed and self.metrics is not None:
             self.metrics.count_reclaims(reclaimed)
 
-    async def release_all(self, now: datetime) -> int:
-        """Give back every chunk this process holds (shutdown)."""
+    async def release_all(self, now: datetime, *, reason: str | None = None) -> int:
+        """Give back every chunk this process holds (shutdown), no attempt counted; with a
+        `reason`, each release goes into its job's history."""
         released = 0
         for chunk_id, leased in list(self.held.items()):
             if await self.store.release_chunk(
-                chunk_id, owner=self.settings.owner, now=now, attempt=leased.chunk.lease_attempt
+                chunk_id,
+                owner=self.settings.owner,
+                now=now,
+                attempt=leased.chunk.lease_attempt,
+                reason=reason,
             ):
                 released += 1
             self.held.pop(chunk_id, None)

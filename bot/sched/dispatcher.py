@@ -209,6 +209,35 @@ class Dispatcher(DispatcherCore):
             self.metrics.count_reclaims(reclaimed)
         return reclaimed
 
+    async def drain(self, grace_s: float) -> tuple[int, int]:
+        """Let running chunks finish for up to `grace_s`, then cancel the rest and hand every
+        chunk still held back to the queue (no attempt counted), so other dispatchers take
+        them at once instead of after the lease. Returns (finished, handed back)."""
+        running = len(self.held)
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            released = await self.release_all(self.clock.now(), reason="handed back at shutdown")
+        except StoreError as exc:
+            log.warning(
+                "chunks not handed back (their leases expire instead): %s",
+                exc,
+                extra={"action": "release_failed"},
+            )
+            released = 0
+        finished = max(0, running - released)
+        log.info(
+            "drained: %d running chunks ended within %.0f s, %d handed back",
+            finished,
+            grace_s,
+            released,
+            extra={"action": "dispatcher_drained", "finished": finished, "released": released},
+        )
+        return finished, released
+
     async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Any:
         """LISTEN on the queue channel through a dedicated asyncpg connection, if possible."""
         if database_url is None:
@@ -267,11 +296,15 @@ class Dispatcher(DispatcherCore):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
 
-    async def run(self, *, database_url: str | None = None, shutdown_grace_s: float = 30.0) -> None:
+    async def run(
+        self, *, database_url: str | None = None, shutdown_grace_s: float | None = None
+    ) -> None:
         """Serve until stop(): wake on NOTIFY (or the poll), fill slots, run chunks.
 
         A database outage never ends the loop: it backs off (with jitter), says so once, and
         carries on when the database is back; the LISTEN connection is opened again then.
+        After stop() it drains (see `drain`) within `shutdown_grace_s` (default: the
+        settings').
         """
         listener = await self._listen(database_url)
         self._live = True
@@ -302,19 +335,8 @@ class Dispatcher(DispatcherCore):
                     timeout = min(timeout, max(0.0, until_recheck))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-            if self._tasks:
-                _, pending = await asyncio.wait(set(self._tasks), timeout=shutdown_grace_s)
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-            try:
-                await self.release_all(self.clock.now())
-            except StoreError as exc:
-                log.warning(
-                    "chunks not handed back (their leases expire instead): %s",
-                    exc,
-                    extra={"action": "release_failed"},
-                )
+            grace_s = shutdown_grace_s
+            await self.drain(self.settings.shutdown_grace_s if grace_s is None else grace_s)
         finally:
             heartbeat.cancel()
             present.cancel()
