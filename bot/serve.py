@@ -117,7 +117,7 @@ def start_dispatcher(
     dispatcher = pipeline.dispatcher
     heartbeat_s = settings.scheduler.heartbeat_s
     # Posting claims are renewed until the dispatcher has drained: a review being posted
-    # during the grace keeps its claim.
+    # during the grace keeps its claim; what is left is given up after.
     drained = asyncio.Event()
 
     async def dispatch() -> None:
@@ -125,7 +125,7 @@ def start_dispatcher(
             await dispatcher.run(database_url=settings.database_url)
         finally:
             drained.set()
-            await release_posting_claims(pipeline.reviews)
+            await release_claims(pipeline.reviews)
 
     tasks = [
         asyncio.create_task(dispatch()),
@@ -151,23 +151,23 @@ def start_dispatcher(
     return dispatcher, tasks
 
 
-async def release_posting_claims(reviews: ReviewPipeline) -> None:
-    """Give up the posting claims a stopping process still holds; if the database is away,
-    they run out instead."""
+async def release_claims(reviews: ReviewPipeline) -> None:
+    """Give up the planning and posting claims a stopping process still holds; if the
+    database is away, they run out instead."""
     try:
         released = await reviews.release_claims()
     except StoreError as exc:
         log.warning(
-            "posting claims not given up (they run out instead): %s",
+            "claims not given up (they run out instead): %s",
             exc,
             extra={"action": "release_failed"},
         )
         return
     if released:
         log.info(
-            "gave up %d posting claims",
+            "gave up %d planning and posting claims",
             released,
-            extra={"action": "posting_claims_released", "released": released},
+            extra={"action": "claims_released", "released": released},
         )
 
 

@@ -342,15 +342,18 @@ async def test_a_dispatcher_stopped_mid_burst_drains_and_loses_nothing(
         exit_s = time.monotonic() - stopped_at
         log = victim.log.read_text()
         assert code == 0, log[-3000:]
-        # Nothing of the victim's is left held: no chunk lease, no posting claim.
+        # Nothing of the victim's is left held: no chunk lease, no planning or posting claim.
         held = await _fetch(
             db_url,
             "SELECT (SELECT count(*) FROM review_chunks WHERE state = 'running'"
             "        AND lease_owner = $1) AS chunks,"
             "       (SELECT count(*) FROM review_jobs WHERE state = 'running'"
-            "        AND posting_by LIKE $2 AND posting_until IS NOT NULL) AS claims",
+            "        AND posting_by LIKE $2 AND posting_until IS NOT NULL)"
+            "     + (SELECT count(*) FROM review_jobs WHERE NOT planned"
+            "        AND planning_by LIKE $3 AND planning_until IS NOT NULL) AS claims",
             victim.owner,
             victim.poster_pattern,
+            f"planner-{victim.process.pid}-%",
         )
         assert (held[0]["chunks"], held[0]["claims"]) == (0, 0)
         drained_line = DRAIN_LINE.search(log)

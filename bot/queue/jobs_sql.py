@@ -347,6 +347,17 @@ POSTING_HELD = _sql(
 
 # Give up the posting claims `owner` holds (a stopping process): another poster may take
 # them at once; the marker on the forge keeps a post that got through from being repeated.
+# Give up the planning claims `owner` holds (a stopping process): another planner may take
+# them at once; the claim's attempt fences anything the stopped one might still write.
+RELEASE_PLANNING_CLAIMS = _sql(
+    """
+    UPDATE review_jobs
+    SET planning_until = NULL
+    WHERE NOT planned AND planning_by = :owner AND planning_until IS NOT NULL
+    RETURNING id
+    """
+)
+
 RELEASE_POSTING_CLAIMS = _sql(
     """
     UPDATE review_jobs

@@ -81,6 +81,12 @@ class PostingClaims(StorePart):
             rows = (await conn.execute(jobs_sql.RELEASE_POSTING_CLAIMS, {"owner": owner})).all()
         return len(rows)
 
+    async def release_planning_claims(self, *, owner: str) -> int:
+        """Give up every planning claim `owner` holds (shutdown); returns how many."""
+        async with self.connector.single_statement() as conn:
+            rows = (await conn.execute(jobs_sql.RELEASE_PLANNING_CLAIMS, {"owner": owner})).all()
+        return len(rows)
+
     async def defer_job(
         self,
         job_id: int,

@@ -79,9 +79,10 @@ class ReviewPipeline:
         )
 
     async def release_claims(self) -> int:
-        """Give up this process's posting claims (shutdown): the recovery pass of another
-        process posts those reviews at once instead of after the claim runs out."""
-        return await self.store.release_posting_claims(owner=self.posting.owner)
+        """Give up this process's planning and posting claims (shutdown): other processes
+        plan and post those reviews at once instead of after the claims run out."""
+        planning = await self.store.release_planning_claims(owner=self.planning.owner)
+        return planning + await self.store.release_posting_claims(owner=self.posting.owner)
 
     async def job_completed(self, job_id: int, now: datetime) -> None:
         """Post a job whose last chunk finished (the dispatcher's `on_job_complete`)."""

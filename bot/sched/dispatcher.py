@@ -271,7 +271,7 @@ class Dispatcher(DispatcherCore):
         if loop.time() >= self._next_maintenance:
             await self.maintain(self.clock.now())
             self._next_maintenance = loop.time() + self.settings.maintenance_s
-        await self.plan_unplanned_jobs(self.clock.now())
+        await self._plan_until_stopped()
         # Read the clock again: work submitted while we planned must not appear to
         # start before it arrived.
         try:
@@ -281,6 +281,24 @@ class Dispatcher(DispatcherCore):
             # chunk without a task would keep its slot (and, heartbeat after heartbeat, its
             # lease) for ever.
             self._start_leased()
+
+    async def _plan_until_stopped(self) -> None:
+        """Plan unplanned jobs; a stop cuts planning short (a batch of diffs can take
+        seconds), and the planning claims it leaves are given up on the way out."""
+        if self._stopping.is_set():
+            return
+        planning = asyncio.ensure_future(self.plan_unplanned_jobs(self.clock.now()))
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({planning, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not planning.done():
+                planning.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await planning
+        if not planning.cancelled():
+            planning.result()  # its errors are the loop's (a database outage backs off)
 
     def _start_leased(self) -> None:
         for chunk_id, leased in list(self.held.items()):
