@@ -63,6 +63,43 @@ def test_alive_dispatchers_and_engines_counted_once() -> None:
     assert (empty.dispatchers, empty.engines) == (0, 0)
 
 
+def test_no_dispatcher_message_waits_for_one_stale_window_of_watching() -> None:
+    none = summarize_liveness([], now=EPOCH, stale_after_s=6.0)
+
+    def message(watched_s: float) -> str | None:
+        return no_dispatcher_message(
+            none,
+            waiting_jobs=7,
+            oldest_wait_s=300.0,
+            grace_s=10.0,
+            watched_s=watched_s,
+            stale_after_s=6.0,
+        )
+
+    assert message(0.0) is None  # just started: a dispatcher beside it may not have beaten
+    assert message(5.9) is None
+    assert message(6.0) is not None
+
+
+async def test_a_monitor_started_beside_its_dispatcher_raises_no_false_alarm(
+    store: QueueStore, clock: VirtualClock
+) -> None:
+    """Work already waits when the web process starts, and the dispatcher started with it has
+    not beaten yet: no alert; it beats within the window and none is raised after either."""
+    settings = AlertSettings(threshold_s=THRESHOLDS)
+    await store.submit_request(make_request(number=5), decide(Level.P1), now=clock.now())
+    clock.advance(120)  # waiting long past every threshold
+    monitor = AlertMonitor(engine=store.engine, settings=settings, dispatcher_stale_s=6.0)
+    assert await monitor.check_dispatchers(now=clock.now()) is None
+    clock.advance(2)
+    await _presence(store, "host-1", []).beat(now=clock.now())
+    clock.advance(5)
+    assert await monitor.check_dispatchers(now=clock.now()) is None  # alive: no alarm
+    clock.advance(30)  # the dispatcher died: three heartbeats passed without a beat
+    message = await monitor.check_dispatchers(now=clock.now())
+    assert message is not None and "no dispatcher is alive and 1 review(s)" in message
+
+
 def test_no_dispatcher_message_only_when_work_waits_past_the_grace() -> None:
     none = summarize_liveness([], now=EPOCH, stale_after_s=STALE_S)
     some = summarize_liveness([_beat("a", 1, {})], now=EPOCH, stale_after_s=STALE_S)
@@ -206,9 +243,18 @@ async def test_alert_when_work_waits_and_no_dispatcher_is_alive(
     await store.submit_request(make_request(number=1), decide(Level.P2), now=clock.now())
     async with aiohttp.ClientSession() as session:
         monitors = [
-            AlertMonitor(engine=store.engine, settings=settings, metrics=metrics, session=session),
-            AlertMonitor(engine=store.engine, settings=settings, session=session),
+            AlertMonitor(
+                engine=store.engine,
+                settings=settings,
+                metrics=metrics,
+                session=session,
+                dispatcher_stale_s=6.0,
+            ),
+            AlertMonitor(
+                engine=store.engine, settings=settings, session=session, dispatcher_stale_s=6.0
+            ),
         ]
+        assert [await m.check_dispatchers(now=clock.now()) for m in monitors] == [None, None]
         clock.advance(9)  # not past the smallest threshold yet
         assert [await m.check_dispatchers(now=clock.now()) for m in monitors] == [None, None]
         clock.advance(2)

@@ -130,6 +130,7 @@ class AlertMonitor:
     last_sent_at: datetime | None = None
     dispatcher_stale_s: float = stale_after(30.0)
     notes: list[str] = field(default_factory=list)  # service alerts not posted yet
+    watching_since: datetime | None = None  # the first liveness check of this process
 
     async def check(self, *, now: datetime) -> list[Alert]:
         """Raise the alerts due at `now`; returns those this process recorded."""
@@ -190,16 +191,21 @@ class AlertMonitor:
         return fired
 
     async def check_dispatchers(self, *, now: datetime) -> str | None:
-        """Alert once per outage when work waits and no dispatcher is alive; close the alert
-        when one is back. Returns the message this process recorded, if any."""
+        """Alert once per outage when work waits and no dispatcher is alive (not before this
+        process has watched for one stale window: a dispatcher started with it may not have
+        beaten yet); close the alert when one is back. Returns the message recorded, if any."""
         queue = await read_queue_snapshot(self.engine, now=now)
         liveness = await read_liveness(self.engine, now=now, stale_after_s=self.dispatcher_stale_s)
         grace_s = min(self.settings.threshold_s.values(), default=60.0)
+        if self.watching_since is None:
+            self.watching_since = now
         message = no_dispatcher_message(
             liveness,
             waiting_jobs=sum(queue.waiting.values()),
             oldest_wait_s=max(queue.oldest_wait_s.values(), default=0.0),
             grace_s=grace_s,
+            watched_s=(now - self.watching_since).total_seconds(),
+            stale_after_s=self.dispatcher_stale_s,
         )
         parameters = {"kind": NO_DISPATCHER, "now": now}
         if message is None:

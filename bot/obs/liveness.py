@@ -80,9 +80,22 @@ def summarize_liveness(
 
 
 def no_dispatcher_message(
-    liveness: Liveness, *, waiting_jobs: int, oldest_wait_s: float, grace_s: float
+    liveness: Liveness,
+    *,
+    waiting_jobs: int,
+    oldest_wait_s: float,
+    grace_s: float,
+    watched_s: float | None = None,
+    stale_after_s: float = 0.0,
 ) -> str | None:
-    """The alert when ready work has waited past `grace_s` and no dispatcher is alive."""
+    """The alert when ready work has waited past `grace_s` and no dispatcher is alive.
+
+    `watched_s`: how long this process has watched. Until it has watched one stale window
+    (`stale_after_s`, three heartbeats) a dispatcher starting beside it may not have beaten yet,
+    so its absence says nothing.
+    """
+    if watched_s is not None and watched_s < stale_after_s:
+        return None
     if liveness.dispatchers > 0 or waiting_jobs == 0 or oldest_wait_s <= grace_s:
         return None
     return (
