@@ -69,6 +69,34 @@ def test_a_quote_found_twice_takes_the_nearest() -> None:
     assert (near_end.line, near_start.line) == (4, 1)
 
 
+def test_a_line_that_is_the_quote_outranks_one_that_contains_it() -> None:
+    # A dropped await: the quote is the whole new line and a part of the removed one.
+    patch = (
+        "@@ -5,4 +5,5 @@\n"
+        "     start()\n"
+        "-    await client.close()\n"
+        "+    prepare()\n"
+        "+    client.close()\n"
+        "     client.close_all()\n"
+        "     done()"
+    )
+    index = index_files([{"path": "a.py", "patch": patch}])
+
+    def where(**kwargs: object) -> tuple[str, str, int | None]:
+        found = anchor_finding(index, path="a.py", **kwargs)  # type: ignore[arg-type]
+        return found.outcome, found.side, found.line
+
+    # Named on the wrong side, where the removed line contains the quote.
+    assert where(side="LEFT", line=6, quote="client.close()") == ("by_quote", "RIGHT", 7)
+    # Counted from the hunk's start: the removed line (old 6) is nearer than the new one (7).
+    assert where(side="RIGHT", line=2, quote="client.close()") == ("by_quote", "RIGHT", 7)
+    # No line at all.
+    assert where(side=None, line=None, quote="client.close()") == ("by_quote", "RIGHT", 7)
+    # A quote that is only ever part of a line still finds it.
+    assert where(side="RIGHT", line=9, quote="client.close_all") == ("by_quote", "RIGHT", 8)
+    assert where(side="LEFT", line=6, quote="await client.close") == ("exact", "LEFT", 6)
+
+
 def test_without_a_quote_the_nearest_changed_line_within_three() -> None:
     # Hunk two shows new lines 41-43; 42 is the one added.
     assert place(line=42 + NEARBY_LINES) == ("nearby", "RIGHT", 42)

@@ -60,11 +60,23 @@ def test_oracle_runs_are_deterministic_for_a_seed(oracle_report: dict[str, Any])
     assert [r["path"] for r in other["reviews"]] != [r["path"] for r in oracle_report["reviews"]]
 
 
-def test_oracle_answers_on_the_right_line_are_found_on_it(oracle_report: dict[str, Any]) -> None:
+def test_the_oracle_is_found_on_its_line_however_it_names_it(
+    oracle_report: dict[str, Any],
+) -> None:
+    assert oracle_report["recall"] >= 0.98
+    assert oracle_report["exact_line_rate"] >= 0.99
+    assert oracle_report["false_findings_per_pr"] <= 0.02
     modes = oracle_report["per_oracle_mode"]
-    assert modes["right_line"]["mutants"] > 0
+    # The seed gives every way of naming a line at least one planted bug.
+    assert set(modes) == {
+        "right_line",
+        "off_by_lines",
+        "wrong_side",
+        "quote_only",
+        "dot_path",
+        "hunk_relative",
+    }
     assert modes["right_line"]["recall"] == 1.0 and modes["right_line"]["exact_line_rate"] == 1.0
-    assert modes["dot_path"]["recall"] == 1.0
 
 
 def test_the_text_report_and_bad_input() -> None:

@@ -57,5 +57,5 @@ async def test_the_oracle_reviews_post_without_a_refused_request() -> None:
         for path, side, line in outcome.inline
     ]
     assert sorted(posted_comments) == sorted(sent)
-    # The oracle found most bugs, so most reviews carried an inline comment to post.
-    assert len(sent) >= 0.5 * len(evaluation.outcomes)
+    # The oracle's findings are anchored, so nearly every review carries its inline comment.
+    assert len(sent) >= 0.95 * len(evaluation.outcomes)

@@ -10,6 +10,10 @@ placed by the first rule that holds:
 - `nearby`: else, when no quote was given, the nearest changed line within `NEARBY_LINES`;
 - `summary_only`: else the finding is not placed; the summary lists it with its file and text.
 
+A line whose whole text is the quote outranks one that only contains it (a one-line quote of
+at least `MIN_PARTIAL_QUOTE` characters may be part of a line): `x.close()` quoted names the
+line `x.close()`, not the `await x.close()` it replaced, even when the named number points there.
+
 A quote that matches no line never falls back to `nearby`: the model told us what the finding
 is about, and it is not there, so a line near the number would be a line it was not about.
 """
@@ -154,26 +158,39 @@ def quote_lines(quote: str) -> Quote:
     return tuple(readings)
 
 
-def _line_matches(text: str, wanted: str, *, alone: bool) -> bool:
+# How well lines match a quote: not at all, as a part of one line, or as their whole text.
+NO_MATCH, PART, WHOLE = 0, 1, 2
+
+
+def _line_match(text: str, wanted: str, *, alone: bool) -> int:
     have = normalize_code(text)
     if have == wanted:
-        return True
+        return WHOLE
     # A one-line quote may be the part of the line the finding is about.
-    return alone and len(wanted) >= MIN_PARTIAL_QUOTE and wanted in have
+    return PART if alone and len(wanted) >= MIN_PARTIAL_QUOTE and wanted in have else NO_MATCH
 
 
-def _reading_matches(lines: Mapping[int, str], line: int, reading: Sequence[str]) -> bool:
+def _reading_match(lines: Mapping[int, str], line: int, reading: Sequence[str]) -> int:
     first = line - len(reading) + 1
+    worst = WHOLE
     for offset, wanted in enumerate(reading):
         text = lines.get(first + offset)
-        if text is None or not _line_matches(text, wanted, alone=len(reading) == 1):
-            return False
-    return True
+        found = NO_MATCH if text is None else _line_match(text, wanted, alone=len(reading) == 1)
+        worst = min(worst, found)
+        if worst == NO_MATCH:
+            break
+    return worst
+
+
+def quote_match(lines: Mapping[int, str], line: int, quoted: Quote) -> int:
+    """How a reading of the quote matches the lines ending at `line` (one side): NO_MATCH,
+    PART (the quote is part of the one line) or WHOLE."""
+    return max((_reading_match(lines, line, reading) for reading in quoted), default=NO_MATCH)
 
 
 def matches_quote(lines: Mapping[int, str], line: int, quoted: Quote) -> bool:
     """Whether a reading of the quote is the text of the lines ending at `line` (one side)."""
-    return any(_reading_matches(lines, line, reading) for reading in quoted)
+    return quote_match(lines, line, quoted) != NO_MATCH
 
 
 def _nearest(
@@ -224,22 +241,28 @@ def anchor_finding(
     file = index[resolved]
     quoted = quote_lines(quote) if quote else ()
     sides: tuple[Side, ...] = (side,) if side is not None else SIDES
+    # Every line the quote matches, by how well. A line whose whole text is the quote outranks
+    # one that only contains it: `close()` quoted is the line `close()`, not `await x.close()`.
+    matched: dict[tuple[Side, int], int] = {}
+    if quoted:
+        for candidate in SIDES:
+            shown = file.side(candidate)
+            for number in shown:
+                quality = quote_match(shown, number, quoted)
+                if quality != NO_MATCH:
+                    matched[(candidate, number)] = quality
+    best = max(matched.values(), default=NO_MATCH)
     # (a) the named line, when it shows and says what the quote says.
     if line is not None:
         for candidate in sides:
             shown = file.side(candidate)
-            if line in shown and (not quoted or matches_quote(shown, line, quoted)):
+            if line in shown and (not quoted or matched.get((candidate, line)) == best):
                 start = _range_start(file, candidate, line, start_line, 0)
                 return Placement("exact", resolved, candidate, line, start)
     # (b) the quoted line nearest the named number, on either side.
     if quoted:
         found = _nearest(
-            (
-                (candidate, number)
-                for candidate in SIDES
-                for number in file.side(candidate)
-                if matches_quote(file.side(candidate), number, quoted)
-            ),
+            (place for place, quality in matched.items() if quality == best),
             line=line,
             side=side,
         )
