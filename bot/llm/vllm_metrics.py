@@ -36,9 +36,10 @@ CHARS_PER_TOKEN = 3.0
 # Diff lines of source code average about 40 characters plus the +/- marker and the newline
 # (with their share of unchanged lines: 16.2 per changed line over this repository's history).
 TOKENS_PER_DIFF_LINE = 16
-# The prompt numbers every line it shows ("123 +code"): 1.5 tokens more per changed line over
-# the same history (17.6 with numbers), rounded up.
-TOKENS_PER_LINE_NUMBER = 2
+# The prompt numbers every line it shows ("123 +code"): 1.5 tokens more per changed line by
+# the estimate over the same history, 3.2 by SmolLM2's tokenizer, which spends a token on
+# each digit (bench/results/prompt_numbering.md), rounded up.
+TOKENS_PER_LINE_NUMBER = 4
 
 
 @dataclass(frozen=True, slots=True)
