@@ -257,3 +257,13 @@ def test_every_shown_line_quoted_exactly_is_found(side: str) -> None:
             quote=text,  # type: ignore[arg-type]
         )
         assert placement.outcome == "exact" and placement.line == number
+
+
+def test_a_quote_of_several_lines_anchors_their_range() -> None:
+    quote = "checked = validate(value)\nlog(checked)\nreturn checked"
+    placement = anchor_finding(INDEX, path="src/handler.py", side="RIGHT", line=30, quote=quote)
+    assert (placement.outcome, placement.start_line, placement.line) == ("by_quote", 11, 13)
+    # Lines that do not follow each other in the diff are not that quote.
+    broken = "checked = validate(value)\nreturn checked"
+    placement = anchor_finding(INDEX, path="src/handler.py", side="RIGHT", line=13, quote=broken)
+    assert placement.outcome == "summary_only"

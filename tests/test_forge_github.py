@@ -34,7 +34,7 @@ from bot.forges.base import (
 )
 from bot.forges.github import GitHubClient, translate_github_error
 from bot.model import FileChange
-from tests.test_emulator import load_shared_json, schema_errors
+from tests.test_emulator import call, load_shared_json, schema_errors
 
 SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
 REPO = "acme/shop"
@@ -566,19 +566,30 @@ async def test_a_suggestion_block_on_a_range_is_accepted(
     assert schema_errors(review_request_schema(), sent_review(review_record)) == []
 
 
-async def test_the_emulator_refuses_ranges_github_refuses(
-    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+async def test_the_emulator_refuses_what_github_refuses_in_githubs_shape(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession
 ) -> None:
     patch = "@@ -1,2 +1,3 @@\n a\n+b\n c\n@@ -20,2 +21,3 @@\n d\n+e\n f"
     emulator.state.add_pull("github", REPO, 23, files=[FileChange("r.py", 2, 0, patch)])
-    client = make_client(emulator, session, clock)
-    for start, line in ((3, 2), (2, 22)):
-        with pytest.raises(ForgeError) as refused:
-            await client._create_review(
-                REPO,
-                23,
-                ReviewToPost(job_id=80, body="b"),
-                "b",
-                [{"path": "r.py", "line": line, "side": "RIGHT", "start_line": start, "body": "x"}],
-            )
-        assert refused.value.status == 422
+    spec = load_shared_json("openapi", "github-rest-subset.json")
+    operation = spec["paths"]["/repos/{owner}/{repo}/pulls/{pull_number}/reviews"]["post"]
+    refused = operation["responses"]["422"]["content"]["application/json"]["schema"]
+    url = f"{emulator.github_url}/repos/{REPO}/pulls/23/reviews"
+
+    def review(**comment: object) -> dict[str, object]:
+        return {"body": "b", "event": "COMMENT", "comments": [{"path": "r.py", **comment}]}
+
+    cases = [
+        review(line=5, body="x"),  # not a line of the diff
+        review(line=3, side="LEFT", body="x"),  # new line 3 exists, old line 3 is not shown
+        review(line=2, start_line=3, body="x"),  # a range that ends before it starts
+        review(line=22, start_line=2, body="x"),  # a range across two hunks
+    ]
+    for body in cases:
+        assert schema_errors(review_request_schema(), body) == []
+        status, answer, _ = await call(session, "POST", url, body=body)
+        assert status == 422, body
+        assert schema_errors(refused, answer) == [], answer
+    assert emulator.state.posted(kind="review", number=23) == []
+    status, _, _ = await call(session, "POST", url, body=review(line=22, start_line=21, body="x"))
+    assert status == 200

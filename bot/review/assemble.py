@@ -336,8 +336,8 @@ def render_summary(
     notes: list[str] = []
     if dropped:
         notes.append(
-            f"{dropped} suggested comment(s) were dropped (not on a changed line, duplicated, "
-            "malformed or over the per-part limit)."
+            f"{dropped} suggested comment(s) were dropped (duplicated, malformed or over the "
+            "per-part limit)."
         )
     if not_posted:
         notes.append(f"{not_posted} lower-severity finding(s) were not posted, to limit noise.")
