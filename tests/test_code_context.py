@@ -108,6 +108,18 @@ export enum Role {
 }
 """
 
+TSX = """\
+import { useState } from 'react';
+
+export function Counter({ start }: { start: number }) {
+  const [count, setCount] = useState(start);
+  const increment = () => {
+    setCount(count + 1);
+  };  // increment
+  return <button onClick={increment}>{count}</button>;
+}
+"""
+
 GO = """\
 package store
 
@@ -289,6 +301,14 @@ CASES = [
     ),
     ("web/store.js", JAVASCRIPT, "const name = user.name", "const format", "// format", []),
     ("web/user.ts", TYPESCRIPT, "throw new Error", "export async function rename", "// rename", []),
+    (
+        "web/Counter.tsx",
+        TSX,
+        "setCount(count + 1)",
+        "const increment",
+        "// increment",
+        ["export function Counter"],
+    ),
     ("store/store.go", GO, "if have < n", "func (s *Store) Take", "// Take", []),
     (
         "shop/Inventory.java",

@@ -82,22 +82,21 @@ async def test_a_seeded_pull_serves_its_files_at_its_head_and_nothing_at_other_s
 async def test_a_file_is_read_once_and_then_comes_from_the_blob_cache(
     emulator: ForgeEmulator, forges: ForgeRegistry, forge: Forge
 ) -> None:
-    base = {"lib/a b.py": "x = 1\n"}
-    head = {"lib/a b.py": "x = 2\ny = 3\n"}
+    path = "lib/C#/a b?.py"  # "#" and "?" must reach the forge as part of the path
+    base = {path: "x = 1\n"}
+    head = {path: "x = 2\ny = 3\n"}
     pull = open_pull_from_trees(emulator.state, forge, "acme/shop", 4, base=base, head=head)
     client = forges[forge]
     sha = pull.newest.head_sha
-    first = await client.read_file_at(
-        "acme/shop", "lib/a b.py", ref=sha, project_id=pull.project_id
-    )
-    assert first == head["lib/a b.py"]
+    first = await client.read_file_at("acme/shop", path, ref=sha, project_id=pull.project_id)
+    assert first == head[path]
     # GitHub lists each file's blob sha with the diff; GitLab remembers it from the first read.
     listed = (await client.fetch_changes("acme/shop", 4, project_id=pull.project_id)).files[0]
     again = await client.read_file_at(
-        "acme/shop", "lib/a b.py", ref=sha, blob_sha=listed.blob_sha, project_id=pull.project_id
+        "acme/shop", path, ref=sha, blob_sha=listed.blob_sha, project_id=pull.project_id
     )
     assert again == first
     route = "github.contents" if forge == "github" else "gitlab.file"
     assert emulator.state.count_requests(route) == 1
     # The default branch is still what a settings file is read from.
-    assert await client.read_file_at("acme/shop", "lib/a b.py", ref="main") == base["lib/a b.py"]
+    assert await client.read_file_at("acme/shop", path, ref="main") == base[path]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar, cast
+from urllib.parse import quote
 
 import aiohttp
 import gidgethub
@@ -414,7 +415,9 @@ class GitHubClient:
         if cached is not None:
             return cached
         owner, name = split_repo(repo)
-        url_vars = {"owner": owner, "repo": name, "path": path, "ref": ref}
+        # Quoted here: the template's reserved expansion keeps "/" but would also keep "#"
+        # and "?", which a file name may hold.
+        url_vars = {"owner": owner, "repo": name, "path": quote(path, safe="/"), "ref": ref}
 
         async def read(token: str) -> Any:
             return await self._api.getitem(
