@@ -8,9 +8,10 @@ Usage: python bench/review_eval.py [--mutants 200] [--seed 1] [--before REV]
 1. For each code base (this repository's tracked Python files, and aiohttp and requests as
    installed in the environment: code nobody tuned the bot for), `bot eval --llm oracle` plants
    the same bugs (same seed) and reviews them twice:
-   - before: the review code of commit REV (the last one before numbered lines and anchoring),
-     checked out with `git worktree`, with this tree's bot/eval copied over it so planting,
-     the oracle and scoring are identical and only the prompt, parser and posting differ;
+   - before: commit REV (the last one before numbered lines and anchoring), checked out with
+     `git worktree` and run with its own `bot eval`, which plants the same bugs and scripts the
+     same oracle answers (the run stops if the planted bugs differ), so only the review path
+     differs: the prompt, the parser and anchoring;
    - after: this tree.
    `--llm null` runs on this tree too (its recall must be 0).
 2. Every review of the after run is posted through the forge emulator by the bot's GitHub
@@ -54,8 +55,9 @@ from bot.forges.base import RetryPolicy  # noqa: E402
 from bot.forges.github import GitHubClient  # noqa: E402
 
 # The last commit of main before the prompt numbered its lines and findings were anchored by
-# quote (the review path as it was when `bot eval` landed).
-BEFORE_COMMIT = "7ccbe36"
+# quote, and before code context reached the prompt: the raw patch, and findings off the diff
+# dropped. `bot eval` was already there, so the same bugs meet the older review path.
+BEFORE_COMMIT = "211cede"
 SCRIPT = REPO / "scripts" / "vllm_cpu.sh"
 OPENAPI = REPO.parent / "shared" / "openapi" / "github-rest-subset.json"
 REVIEWS_PATH = "/repos/{owner}/{repo}/pulls/{pull_number}/reviews"
@@ -95,7 +97,8 @@ def run_eval(
 
 @contextlib.contextmanager
 def before_tree(revision: str) -> Iterator[Path]:
-    """A detached worktree of `revision` with this tree's bot/eval copied over it."""
+    """A detached worktree of `revision` (its own `bot eval`, which plants the same bugs: the
+    run checks that it did)."""
     folder = Path(tempfile.mkdtemp(prefix="review-eval-before-"))
     tree = folder / "tree"
     subprocess.run(
@@ -104,8 +107,6 @@ def before_tree(revision: str) -> Iterator[Path]:
         capture_output=True,
     )
     try:
-        shutil.rmtree(tree / "bot" / "eval", ignore_errors=True)
-        shutil.copytree(REPO / "bot" / "eval", tree / "bot" / "eval")
         yield tree
     finally:
         subprocess.run(
@@ -287,10 +288,12 @@ def render(results: Mapping[str, Any]) -> str:
         f"Command: `{results['command']}` (medians where a figure varies; every figure but "
         "seconds is deterministic for the seed).",
         f"{results['mutants']} bugs per code base, seed {results['seed']}, the ten patterns of "
-        "bot/eval/catalogue.py in turn. Before: the review code of commit "
-        f"`{results['before_commit']}` (a `git worktree`, with this tree's bot/eval copied over "
-        "it, so the same bugs and the same oracle answers meet the old prompt and parser). "
-        "After: this tree.",
+        "bot/eval/catalogue.py in turn. Before: commit "
+        f"`{results['before_commit']}` (a `git worktree` run with its own `bot eval`, which "
+        "plants the same bugs and scripts the same oracle answers; the run checks that the "
+        "planted bugs are the same), whose prompt is the raw patch and whose parser drops a "
+        "finding off the diff. After: this tree (numbered lines, anchoring by quote, code "
+        "context).",
         "",
         "## Oracle: recall and exact-line rate, before and after",
         "",

@@ -1,4 +1,5 @@
-"""Every review `bot eval` produces posts through the forge emulator without a refusal."""
+"""`bot eval` reviews as the bot serves them: the prompt a served review sends, and every review
+posted through the forge emulator without a refusal."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import aiohttp
 
 from bot.config import Settings
 from bot.emulator import EmulatorState, ForgeEmulator
-from bot.eval.command import evaluate
-from bot.eval.run import EVAL_REPO
+from bot.eval.command import evaluate, plant_in_repo
+from bot.eval.oracle import OracleBackend, user_text
+from bot.eval.plant import Mutant
+from bot.eval.run import DESCRIPTION, EVAL_REPO, review_mutants
 from bot.forges.base import RetryPolicy
 from bot.forges.github import GitHubClient
+from bot.llm.base import LLMRequest, LLMResponse
+from bot.review.prompt_context import BEGIN_CONTEXT, BEGIN_PULL_REQUEST
 
 REPO = Path(__file__).parent / "data" / "eval_repo"
 
@@ -59,3 +64,30 @@ async def test_the_oracle_reviews_post_without_a_refused_request() -> None:
     assert sorted(posted_comments) == sorted(sent)
     # The oracle's findings are anchored, so nearly every review carries its inline comment.
     assert len(sent) >= 0.95 * len(evaluation.outcomes)
+
+
+class RecordingOracle(OracleBackend):
+    """The oracle, keeping each prompt it was sent."""
+
+    def __init__(self, mutants: list[Mutant], *, seed: int) -> None:
+        super().__init__(mutants, seed=seed)
+        self.prompts: dict[int, str] = {}
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        self.prompts[int(request.metadata["job_id"])] = user_text(request)
+        return await super().complete(request)
+
+
+async def test_the_model_sees_what_a_served_review_shows() -> None:
+    mutants = plant_in_repo(REPO, count=10, seed=4)
+    oracle = RecordingOracle(mutants, seed=4)
+    outcomes = await review_mutants(mutants, oracle)
+    assert len(outcomes) == len(oracle.prompts) == 10
+    for mutant in mutants:
+        prompt = oracle.prompts[mutant.id]
+        # The title and description, and the planted line numbered as the diff shows it.
+        assert BEGIN_PULL_REQUEST in prompt and DESCRIPTION in prompt
+        assert f"\n{mutant.first_line} +" in prompt or f"\n{mutant.first_line}  " in prompt
+    # The code around the changes, read from the file at the head, where the diff does not
+    # already show it all.
+    assert sum(BEGIN_CONTEXT in prompt for prompt in oracle.prompts.values()) >= 5

@@ -60,6 +60,7 @@ class Mutant:
     quote: str  # the text of the first planted line
     finding: str
     distractor_line: int | None = None  # the benign change's line in the new file
+    head_text: str = ""  # the whole file after the change (what the forge serves at the head)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -201,6 +202,7 @@ def build_mutant(
         quote=quote,
         finding=PATTERNS[site.pattern].finding,
         distractor_line=distractor_line,
+        head_text=new_text,
     )
 
 

@@ -1,8 +1,9 @@
 """Review each planted bug through the bot's own review path and collect what it posted.
 
-One mutant is one pull request: the planner builds its plan from the diff (skip rules, chunks),
-the dispatcher's chunk reviewer prompts the model, parses and anchors its answer, and the
-poster's `build_review` turns the chunk results into the review that would be posted.
+One mutant is one pull request: the planner builds its plan from the diff (skip rules, chunks)
+and adds the code around each hunk from the file at the head, the dispatcher's chunk reviewer
+prompts the model (title, description, context, numbered diff), parses and anchors its answer,
+and the poster's `build_review` turns the chunk results into the review that would be posted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from bot.forges.base import PullChanges, ReviewToPost
 from bot.llm.base import LLMBackend
 from bot.model import Chunk, ChunkId, ChunkState, FileChange, Job, JobId, JobState, Level
 from bot.queue.records import Leased
+from bot.review.context_fetch import with_contexts
 from bot.review.engine import chunk_reviewer
 from bot.review.planner import PlanningSettings, build_review_plan
 from bot.review.poster import build_review
@@ -27,6 +29,8 @@ EVAL_REPO = "review-bot-eval/mutants"
 # Jobs need a time; the review path takes none from it.
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 LEVEL = Level.P2
+# Every mutant's pull request says as little as many do.
+DESCRIPTION = "Small cleanup."
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,13 +109,22 @@ async def review_mutant(
     changes = PullChanges(
         base_sha=job.base_sha, head_sha=job.head_sha, start_sha=job.base_sha, files=(change,)
     )
-    plan = build_review_plan(job, changes, None, settings=planning or PlanningSettings())
-    job = replace(job, request=plan.details, chunks_total=len(plan.chunks))
-    reviewer = chunk_reviewer(backend, max_tokens=answer_tokens)
+    settings = planning or PlanningSettings()
+    plan = build_review_plan(job, changes, None, settings=settings)
+    chunk_plans = plan.chunks
+    if settings.context_tokens > 0:
+        # What planning adds from the file read at the head sha (bot.review.planner does the
+        # read through the forge; here the text is the mutant's own).
+        chunk_plans = with_contexts(chunk_plans, {mutant.path: mutant.head_text})
+    request = {**plan.details, "title": job.title, "description": DESCRIPTION}
+    job = replace(job, request=request, chunks_total=len(chunk_plans))
+    reviewer = chunk_reviewer(
+        backend, max_tokens=answer_tokens, context_tokens=settings.context_tokens
+    )
     started = time.perf_counter()
     chunks: list[Chunk] = []
     prompt_tokens = completion_tokens = 0
-    for seq, planned in enumerate(plan.chunks, start=1):
+    for seq, planned in enumerate(chunk_plans, start=1):
         chunk = Chunk(
             id=ChunkId(mutant.id * 1000 + seq),
             job_id=job.id,
