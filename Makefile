@@ -37,7 +37,7 @@ test-vllm: $(STAMP)
 	$(BIN)/python -m pytest -m vllm -v
 
 demo: $(STAMP)
-	$(BIN)/python -m bot demo --llm $(LLM)
+	$(BIN)/python -m bot demo --llm $(LLM) $(ARGS)
 
 bench: bench-queue bench-intake bench-scheduling
 

