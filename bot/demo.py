@@ -46,7 +46,7 @@ from bot.emulator import (
 )
 from bot.emulator.hooks import pull_hook
 from bot.emulator.pushes import Pushed, head_files, push_changes, push_patches
-from bot.engine_setup import served_line_budget
+from bot.engine_setup import served_budget
 from bot.errors import ConfigError
 from bot.forges.base import SUMMARY_MARKER, RetryPolicy
 from bot.forges.registry import ForgeOptions, build_forges
@@ -331,6 +331,7 @@ async def run_bot_demo(
         bot_url = f"http://127.0.0.1:{port}"
         say(f"bot: webhooks at {bot_url}/webhooks/{{github,gitlab}}; forges at {emulator.base_url}")
         stop = asyncio.Event()
+        budget = await served_budget(settings)
         # The dispatcher role exactly as `bot serve` runs it: quiet reviews, the status on
         # each commit, recovery and heartbeat; maintenance (aging, lease reclaim) at trace pace.
         dispatcher, tasks = start_dispatcher(
@@ -345,7 +346,8 @@ async def run_bot_demo(
                 DispatcherSettings.from_scheduler(settings.scheduler, owner="demo"),
                 maintenance_s=1.0,
             ),
-            line_budget=await served_line_budget(settings),
+            line_budget=budget.line_budget,
+            context_tokens=budget.context_tokens,
         )
         try:
             answers = await replay(emulator, bot_url, trace, clock, speed=speed)

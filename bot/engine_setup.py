@@ -9,6 +9,7 @@ chunk line budget is cut to what the served model's context holds (vLLM's /v1/mo
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 
 import aiohttp
@@ -19,6 +20,7 @@ from bot.llm.openai_compat import OpenAICompatBackend, normalize_base_url
 from bot.llm.vllm_metrics import (
     EngineMetrics,
     chunk_line_budget,
+    context_allowance,
     fetch_engine_metrics,
     fetch_model_info,
     prompt_tokens_estimate,
@@ -72,13 +74,27 @@ def fixed_prompt_tokens() -> int:
     return sum(prompt_tokens_estimate(message["content"]) for message in messages)
 
 
-async def served_line_budget(settings: Settings, *, ceiling: int = DEFAULT_LINE_BUDGET) -> int:
-    """Chunk line budget for the served model's context (openai backend); else `ceiling`.
+@dataclass(frozen=True, slots=True)
+class ServedBudget:
+    """How much one chunk may hold: diff lines, and prompt tokens for the pull request's text
+    and code context."""
+
+    line_budget: int
+    context_tokens: int
+
+
+async def served_budget(
+    settings: Settings, *, ceiling: int = DEFAULT_LINE_BUDGET, fit_context: bool = True
+) -> ServedBudget:
+    """Chunk budgets for the served model's context (openai backend): the context allowance
+    (REVIEW_BOT_CONTEXT_TOKENS; with `fit_context`, at most a quarter of the prompt's room)
+    and the diff lines that fit beside it; else `ceiling` lines and the configured allowance.
 
     Raises ValueError when the context cannot hold a useful chunk (a configuration error).
     """
+    configured = ServedBudget(ceiling, settings.context_tokens)
     if (settings.llm_backend or "").strip().lower() != "openai" or not settings.llm_base_urls:
-        return ceiling
+        return configured
     async with aiohttp.ClientSession() as session:
         for url in settings.llm_base_urls:
             info = await fetch_model_info(
@@ -86,35 +102,54 @@ async def served_line_budget(settings: Settings, *, ceiling: int = DEFAULT_LINE_
             )
             if info is None or info.max_model_len is None:
                 continue
+            fixed = fixed_prompt_tokens()
+            context = settings.context_tokens
+            if fit_context:
+                context = context_allowance(
+                    info.max_model_len,
+                    max_tokens=settings.llm_max_tokens,
+                    fixed_prompt_tokens=fixed,
+                    configured=context,
+                )
             budget = chunk_line_budget(
                 info.max_model_len,
                 max_tokens=settings.llm_max_tokens,
                 # The title, description and code context take at most their allowance.
-                fixed_prompt_tokens=fixed_prompt_tokens() + settings.context_tokens,
+                fixed_prompt_tokens=fixed + context,
                 ceiling=ceiling,
             )
             log.info(
-                "%s serves %s with a context of %s tokens: chunks of up to %s lines",
+                "%s serves %s with a context of %s tokens: chunks of up to %s lines and %s "
+                "tokens of pull request text and code context",
                 url,
                 info.id,
                 info.max_model_len,
                 budget,
-                extra={"action": "chunk_budget", "line_budget": budget},
+                context,
+                extra={"action": "chunk_budget", "line_budget": budget, "context_tokens": context},
             )
-            return budget
+            return ServedBudget(budget, context)
     log.warning(
         "no server said its context length: chunks of up to %s lines",
         ceiling,
         extra={"action": "chunk_budget_default"},
     )
-    return ceiling
+    return configured
+
+
+async def served_line_budget(settings: Settings, *, ceiling: int = DEFAULT_LINE_BUDGET) -> int:
+    """The chunk line budget beside all of REVIEW_BOT_CONTEXT_TOKENS (for a caller whose
+    chunks get the configured allowance; `served_budget` fits both to the model)."""
+    return (await served_budget(settings, ceiling=ceiling, fit_context=False)).line_budget
 
 
 __all__ = [
     "IN_PROCESS_ENGINE",
+    "ServedBudget",
     "engine_names",
     "engine_pool_for",
     "fixed_prompt_tokens",
     "metrics_probe",
+    "served_budget",
     "served_line_budget",
 ]

@@ -15,7 +15,7 @@ from bot.app import create_app, create_worker_app
 from bot.clock import Clock, SystemClock
 from bot.config import Settings, check_scheduler_settings
 from bot.db import SessionTimeouts, is_database_unavailable, upgrade_database
-from bot.engine_setup import engine_pool_for, served_line_budget
+from bot.engine_setup import engine_pool_for, served_budget
 from bot.errors import ConfigError, StoreError
 from bot.forges.registry import ForgeRegistry, build_forges, configured_forges
 from bot.llm.base import LLMBackend
@@ -89,8 +89,12 @@ def start_dispatcher(
     dispatching: DispatcherSettings,
     line_budget: int,
     metrics: Metrics | None = None,
+    context_tokens: int | None = None,
 ) -> tuple[Dispatcher, list[asyncio.Task[None]]]:
     """The dispatcher role's pipeline and its loops, as `bot serve` runs them (the demo too).
+
+    Chunks hold up to `line_budget` diff lines and `context_tokens` of pull request text and
+    code context (None: the configured REVIEW_BOT_CONTEXT_TOKENS); `served_budget` sizes both.
 
     Returns the dispatcher and its tasks: the dispatch loop, recovery of expired claims,
     the heartbeat and, where forges are configured, the status publisher. They end on `stop`
@@ -105,7 +109,9 @@ def start_dispatcher(
         clock=clock,
         dispatcher=dispatching,
         planning=PlanningSettings(
-            lease_s=lease_s, line_budget=line_budget, context_tokens=settings.context_tokens
+            lease_s=lease_s,
+            line_budget=line_budget,
+            context_tokens=settings.context_tokens if context_tokens is None else context_tokens,
         ),
         posting=PostingSettings(lease_s=lease_s),
         metrics=metrics,
@@ -264,7 +270,7 @@ async def serve(
         if role in ("dispatcher", "all"):
             backend = create_backend(settings)
             try:
-                line_budget = await served_line_budget(settings)
+                budget = await served_budget(settings)
             except ValueError as exc:
                 raise ConfigError(f"REVIEW_BOT_LLM_URLS: {exc}") from exc
             dispatcher, tasks = start_dispatcher(
@@ -280,7 +286,8 @@ async def serve(
                     owner=worker_name(),
                     outage_backoff_s=settings.outage_backoff_s,
                 ),
-                line_budget=line_budget,
+                line_budget=budget.line_budget,
+                context_tokens=budget.context_tokens,
                 metrics=metrics,
             )
             background += tasks

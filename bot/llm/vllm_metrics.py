@@ -33,6 +33,8 @@ GENERATION_TOKENS = ("vllm:generation_tokens_total",)
 # Characters per token used to size a prompt before it is tokenized: code and diffs run
 # shorter per token than prose, so this errs towards more tokens.
 CHARS_PER_TOKEN = 3.0
+# The code context takes at most 1/this of the prompt's room in a model's context.
+CONTEXT_SHARE_OF_ROOM = 4
 # Diff lines of source code average about 40 characters plus the +/- marker and the newline
 # (with their share of unchanged lines: 16.2 per changed line over this repository's history).
 TOKENS_PER_DIFF_LINE = 16
@@ -201,6 +203,16 @@ def chunk_line_budget(
     return min(ceiling, lines)
 
 
+def context_allowance(
+    max_model_len: int, *, max_tokens: int, fixed_prompt_tokens: int, configured: int
+) -> int:
+    """Prompt tokens a chunk may give the pull request's text and code context: the configured
+    allowance, but never more than a quarter of what the model's context leaves for the
+    prompt, so a small context still holds a useful diff."""
+    room = max_model_len - max_tokens - fixed_prompt_tokens
+    return max(0, min(configured, room // CONTEXT_SHARE_OF_ROOM))
+
+
 async def fetch_engine_metrics(
     session: aiohttp.ClientSession, base_url: str, *, timeout_s: float = 5.0
 ) -> EngineMetrics | None:
@@ -258,6 +270,7 @@ __all__ = [
     "EngineMetrics",
     "ModelInfo",
     "chunk_line_budget",
+    "context_allowance",
     "engine_load",
     "fetch_engine_metrics",
     "fetch_model_info",
