@@ -129,6 +129,14 @@ async def test_try_it_by_hand_on_github_and_gitlab(running: str) -> None:
         view = await summary_saying(http, view_url, "full review: the first review")
         [first_review] = view["reviews"]
         assert first_review["commit_id"] == first_head
+        # The commit status follows the review to its end, listed per commit.
+        on_head = f"{view_url}&sha={first_head}"
+
+        async def status_done() -> bool:
+            statuses = (await control(http, "GET", on_head))["statuses"]
+            return bool(statuses) and statuses[-1]["state"] == "success"
+
+        await wait_until(status_done, timeout_s=60, what="the commit status to say success")
 
         # A push: reviewed incrementally, the one summary edited in place.
         edited = HEAD["shop/orders.py"].replace("f.read()", "f.read().strip()")
