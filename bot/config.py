@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -12,6 +13,8 @@ from bot.errors import ConfigError
 from bot.model import DEFAULT_CONTEXT_TOKENS, SEVERITIES, Level
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# An HTTP header field name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 DEFAULT_POLICY_DIR = REPO_ROOT / "policies"
 
 
@@ -153,6 +156,16 @@ class Settings:
     # real forge could receive its canned reviews (see bot.llm.factory.check_backend_choice).
     llm_backend: str | None = None
     llm_base_urls: tuple[str, ...] = ()
+    # REVIEW_BOT_LLM_URLS names one router (vLLM production-stack, llm-d) in front of the
+    # servers: one window for it, each review's session key and level passed for its routing.
+    llm_router: bool = False
+    # The header carrying a review's session key (production-stack's --session-key).
+    llm_session_header: str = "x-session-id"
+    # InferenceObjective names for P0..P3 (Gateway API inference extension, llm-d), sent in
+    # x-gateway-inference-objective; empty: not sent.
+    llm_objectives: tuple[str, ...] = ()
+    # Where the router's Prometheus metrics are, when not at its base URL's /metrics.
+    llm_metrics_url: str | None = None
     llm_model: str = "review-model"
     llm_api_key: str | None = None
     llm_pass_priority: bool = True
@@ -392,6 +405,25 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         except ValueError as exc:
             raise ConfigError(f"REVIEW_BOT_WINDOW_CEILING: {exc}") from exc
     urls = tuple(u.strip() for u in env.get("REVIEW_BOT_LLM_URLS", "").split(",") if u.strip())
+    router = _bool(env, "REVIEW_BOT_LLM_ROUTER", False)
+    if router and len(urls) != 1:
+        raise ConfigError(
+            "REVIEW_BOT_LLM_ROUTER=true needs exactly one URL in REVIEW_BOT_LLM_URLS (the "
+            f"router's), got {len(urls)}: {', '.join(urls) or 'none'}"
+        )
+    session_header = env.get("REVIEW_BOT_LLM_SESSION_HEADER", "x-session-id").strip()
+    if not _HEADER_NAME.fullmatch(session_header):
+        raise ConfigError(
+            f"REVIEW_BOT_LLM_SESSION_HEADER must be an HTTP header name, got {session_header!r}"
+        )
+    objectives = tuple(name.strip() for name in env.get("REVIEW_BOT_LLM_OBJECTIVES", "").split(","))
+    if objectives == ("",):
+        objectives = ()
+    elif len(objectives) != 4 or not all(objectives):
+        raise ConfigError(
+            "REVIEW_BOT_LLM_OBJECTIVES must name four InferenceObjectives, for P0, P1, P2 and "
+            f"P3, comma separated; got {env.get('REVIEW_BOT_LLM_OBJECTIVES')!r}"
+        )
     # The URL carries the database password: it may come from a mounted secret file too.
     raw_url = _secret(env, "DATABASE_URL")
     return Settings(
@@ -408,6 +440,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         policy_dir=Path(env.get("REVIEW_BOT_POLICY_DIR") or DEFAULT_POLICY_DIR),
         llm_backend=env.get("REVIEW_BOT_LLM", "").strip().lower() or None,
         llm_base_urls=urls,
+        llm_router=router,
+        llm_session_header=session_header,
+        llm_objectives=objectives,
+        llm_metrics_url=env.get("REVIEW_BOT_LLM_METRICS_URL", "").strip() or None,
         llm_model=env.get("REVIEW_BOT_LLM_MODEL", "review-model"),
         llm_api_key=_secret(env, "REVIEW_BOT_LLM_API_KEY"),
         llm_pass_priority=_bool(env, "REVIEW_BOT_LLM_PRIORITY", True),

@@ -45,13 +45,14 @@ def engine_names(settings: Settings) -> tuple[str, ...]:
     return ()
 
 
-def metrics_probe(backend: LLMBackend) -> EngineProbe | None:
-    """Reads an engine's vLLM /metrics through the backend's HTTP session (openai only)."""
+def metrics_probe(backend: LLMBackend, *, metrics_url: str | None = None) -> EngineProbe | None:
+    """Reads an engine's vLLM /metrics through the backend's HTTP session (openai only), or
+    a router's from `metrics_url` when it serves them elsewhere."""
     if not isinstance(backend, OpenAICompatBackend):
         return None
 
     async def probe(name: str) -> EngineMetrics | None:
-        return await fetch_engine_metrics(backend.get_session(), name)
+        return await fetch_engine_metrics(backend.get_session(), name, metrics_url=metrics_url)
 
     return probe
 
@@ -63,9 +64,8 @@ def engine_pool_for(
     names = engine_names(settings)
     if not names:
         return None
-    return EnginePool.build(
-        names, settings.window, now=now, probe=metrics_probe(backend), metrics=metrics
-    )
+    probe = metrics_probe(backend, metrics_url=settings.llm_metrics_url)
+    return EnginePool.build(names, settings.window, now=now, probe=probe, metrics=metrics)
 
 
 def fixed_prompt_tokens() -> int:

@@ -49,6 +49,15 @@ def create_backend(settings: Settings) -> LLMBackend:
 
         if not settings.llm_base_urls:
             raise ConfigError("REVIEW_BOT_LLM=openai needs REVIEW_BOT_LLM_URLS (comma separated)")
+        from bot.llm.routing import RouterAffinity
+
+        affinity = (
+            RouterAffinity(
+                session_header=settings.llm_session_header, objectives=settings.llm_objectives
+            )
+            if settings.llm_router
+            else None
+        )
         return OpenAICompatBackend(
             settings.llm_base_urls,
             model=settings.llm_model,
@@ -56,6 +65,7 @@ def create_backend(settings: Settings) -> LLMBackend:
             timeout_s=settings.llm_timeout_s,
             pass_priority=settings.llm_pass_priority,
             response_format=settings.llm_response_format,  # type: ignore[arg-type]
+            affinity=affinity,
         )
     if name == "vllm":
         from bot.llm.vllm_engine import VLLMEngineBackend

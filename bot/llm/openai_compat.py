@@ -1,4 +1,5 @@
-"""OpenAI-compatible chat completions over aiohttp for vLLM servers, one base URL per worker."""
+"""OpenAI-compatible chat completions over aiohttp for vLLM servers, one base URL per worker,
+or one router in front of them (see bot.llm.routing)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import aiohttp
 
 from bot.errors import ConfigError, LLMError, LLMRequestRejected
 from bot.llm.base import LLMRequest, LLMResponse
+from bot.llm.routing import RouterAffinity
 from bot.llm.schema import REVIEW_SCHEMA
 from bot.retry import call_with_retries, parse_retry_after
 
@@ -116,6 +118,7 @@ class OpenAICompatBackend:
         failures_to_eject: int = 2,
         pass_priority: bool = True,
         response_format: Literal["json_object", "json_schema"] | None = None,
+        affinity: RouterAffinity | None = None,
         session: aiohttp.ClientSession | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
@@ -138,6 +141,8 @@ class OpenAICompatBackend:
         self.failures_to_eject = failures_to_eject
         self.pass_priority = pass_priority
         self.response_format = response_format
+        # Router mode: each call carries its review's session key (and cookies) and level.
+        self.affinity = affinity
         self.session = session
         self.owns_session = session is None
         self.sleep = sleep
@@ -152,9 +157,18 @@ class OpenAICompatBackend:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
 
+    def request_headers(self, request: LLMRequest) -> dict[str, str]:
+        """The headers of one call: authorization, and in router mode its routing headers."""
+        headers = self.headers()
+        if self.affinity is not None:
+            headers.update(self.affinity.headers_for(request.metadata, request.priority))
+        return headers
+
     def get_session(self) -> aiohttp.ClientSession:
         if self.session is None or self.session.closed:
-            self.session = aiohttp.ClientSession()
+            # No shared cookie jar: a router's affinity cookie belongs to one review, and a
+            # jar would send it with every call (bot.llm.routing keeps them per review).
+            self.session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
             self.owns_session = True
         return self.session
 
@@ -346,12 +360,16 @@ class OpenAICompatBackend:
             async with session.post(
                 worker.base_url + "/v1/chat/completions",
                 json=body,
-                headers=self.headers(),
+                headers=self.request_headers(request),
                 timeout=self.timeout,
             ) as response:
                 raw = await response.read()
                 status = response.status
                 retry_after = parse_retry_after(response.headers, now=datetime.now(UTC))
+                if self.affinity is not None:
+                    self.affinity.remember(
+                        request.metadata, response.headers.getall("Set-Cookie", ())
+                    )
         except TimeoutError as exc:
             raise AttemptFailed("timed out", retryable=True, eject=False, overloaded=True) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:

@@ -20,9 +20,18 @@ from prometheus_client.parser import text_string_to_metric_families
 log = logging.getLogger(__name__)
 
 # Sample names as they appear in the exposition text (counters carry `_total`).
+# A router says the same of the servers behind it: vLLM production-stack's router repeats the
+# vLLM names once per server (label `server`), summed here; the Gateway API inference
+# extension's Endpoint Picker (llm-d) reports each pod's queue and the pool's average KV-cache
+# use under names of its own.
 RUNNING = ("vllm:num_requests_running",)
-WAITING = ("vllm:num_requests_waiting",)
-KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+WAITING = ("vllm:num_requests_waiting", "inference_pool_per_pod_queue_size")
+KV_CACHE_USAGE = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "inference_pool_average_kv_cache_utilization",
+)
+SERIES_PREFIXES = ("vllm:", "inference_pool_")
 PREEMPTIONS = ("vllm:num_preemptions_total",)
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total",)
 PREFIX_HITS = ("vllm:prefix_cache_hits_total",)
@@ -71,13 +80,14 @@ class EngineMetrics:
 def parse_engine_metrics(text: str) -> EngineMetrics:
     """Read the vLLM series from Prometheus exposition text; raises ValueError on bad text.
 
-    A server with several engines (data parallel) labels each: gauges of load and the
-    counters are summed over them, KV-cache usage is the fullest engine's.
+    A server with several engines (data parallel), or a router with several servers, labels
+    each: gauges of load and the counters are summed over them, KV-cache usage is the fullest
+    engine's.
     """
     values: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name.startswith("vllm:") and math.isfinite(sample.value):
+            if sample.name.startswith(SERIES_PREFIXES) and math.isfinite(sample.value):
                 values.setdefault(sample.name, []).append(float(sample.value))
 
     def total(names: Iterable[str]) -> float | None:
@@ -214,13 +224,17 @@ def context_allowance(
 
 
 async def fetch_engine_metrics(
-    session: aiohttp.ClientSession, base_url: str, *, timeout_s: float = 5.0
+    session: aiohttp.ClientSession,
+    base_url: str,
+    *,
+    timeout_s: float = 5.0,
+    metrics_url: str | None = None,
 ) -> EngineMetrics | None:
-    """Scrape `base_url`/metrics; None when the server does not serve it or cannot be read."""
+    """Scrape `base_url`/metrics (or `metrics_url`, where a router's metrics are served
+    elsewhere); None when there are none or they cannot be read."""
+    url = metrics_url or base_url.rstrip("/") + "/metrics"
     try:
-        async with session.get(
-            base_url.rstrip("/") + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
-        ) as response:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             if response.status != 200:
                 return None
             text = await response.text()
