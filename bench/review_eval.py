@@ -297,7 +297,7 @@ def render(results: Mapping[str, Any]) -> str:
         "",
         "## Oracle: recall and exact-line rate, before and after",
         "",
-        "| code base | files | before recall | before exact | after recall | after exact "
+        "| code base | files mutated | before recall | before exact | after recall | after exact "
         "| after false/PR | after summary-only | null recall |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
