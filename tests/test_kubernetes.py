@@ -181,6 +181,29 @@ def test_images_agree_with_compose_and_each_other(rendered: list[Manifest]) -> N
     assert ":" in image  # a tag, set by the overlay
 
 
+def test_roles_and_secrets_agree_with_compose_and_the_env_example(
+    rendered: list[Manifest],
+) -> None:
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
+    example = (REPO / ".env.example").read_text()
+    named = set(re.findall(r"^([A-Z][A-Z0-9_]*)=", example, re.MULTILINE))
+    for role in ("web", "dispatcher"):
+        (container,) = one(rendered, "Deployment", f"review-bot-{role}")["spec"]["template"][
+            "spec"
+        ]["containers"]
+        # The same command as compose runs, but for the migration the Job does.
+        assert [arg for arg in container["args"] if arg != "--no-migrate"] == compose[role][
+            "command"
+        ]
+        for variable in env_of(container):
+            setting = variable.removesuffix("_FILE")
+            if setting == "DATABASE_URL":
+                # compose builds it from POSTGRES_PASSWORD; here it is a secret of its own.
+                assert "DATABASE_URL" in compose[role]["environment"]
+                continue
+            assert {setting, variable} & named, f"{variable}: .env.example says nothing of it"
+
+
 def test_disruption_budgets_select_their_roles_pods(rendered: list[Manifest]) -> None:
     budgets = [m for m in rendered if m["kind"] == "PodDisruptionBudget"]
     assert {budget["metadata"]["name"] for budget in budgets} == {
