@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bot.diff import parse_hunks
 from bot.eval.catalogue import CATALOGUE, python_parser
@@ -117,3 +120,35 @@ def test_unified_patch_splits_on_newlines_only() -> None:
     patch, additions, deletions = unified_patch("a\fb\nc\n", "a\fb\nd\n")
     assert (additions, deletions) == (1, 1)
     assert patch.split("\n") == ["@@ -1,3 +1,3 @@", " a\fb", "-c", "+d", " "]
+
+
+@settings(max_examples=15)
+@given(
+    seed=st.integers(min_value=0, max_value=10_000), count=st.integers(min_value=1, max_value=25)
+)
+def test_any_seed_plants_bugs_on_the_lines_it_names(seed: int, count: int) -> None:
+    files = read_sources(REPO)
+    by_path = {file.path: file.text for file in files}
+    parser = python_parser()
+    mutants = plant_mutants(files, count=count, seed=seed)
+    assert len(mutants) == count
+    for mutant in mutants:
+        mutated = rebuild(by_path[mutant.path], mutant.patch)
+        assert mutated == mutant.head_text
+        assert mutated.split("\n")[mutant.first_line - 1] == mutant.quote
+        assert not parser.parse(mutated.encode()).root_node.has_error
+
+
+def test_sources_are_tracked_python_files_or_a_walk_without_environments(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "crlf.py").write_bytes(b"x = 1\r\n")
+    (tmp_path / "pkg" / "latin.py").write_bytes(b"x = '\xe9'\n")
+    (tmp_path / "pkg" / "empty.py").write_text("\n")
+    for skipped in (".venv/lib", "node_modules/x", "pkg/__pycache__"):
+        (tmp_path / skipped).mkdir(parents=True)
+        (tmp_path / skipped / "b.py").write_text("y = 2\n")
+    assert [file.path for file in read_sources(tmp_path)] == ["pkg/a.py"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "pkg/a.py", ".venv/lib/b.py"], check=True)
+    assert [file.path for file in read_sources(tmp_path)] == [".venv/lib/b.py", "pkg/a.py"]
