@@ -285,8 +285,8 @@ def render(results: Mapping[str, Any]) -> str:
     lines = [
         "# Review accuracy on planted bugs (`bot eval`)",
         "",
-        f"Command: `{results['command']}` (medians where a figure varies; every figure but "
-        "seconds is deterministic for the seed).",
+        f"Command: `{results['command']}` (seconds and tokens per review are medians; with "
+        "the oracle and the null model every figure but seconds is the same for the seed).",
         f"{results['mutants']} bugs per code base, seed {results['seed']}, the ten patterns of "
         "bot/eval/catalogue.py in turn. Before: commit "
         f"`{results['before_commit']}` (a `git worktree` run with its own `bot eval`, which "
