@@ -3,6 +3,9 @@
 state.py holds what the forges know; github.py and gitlab.py answer their REST subsets,
 quiet.py and checks.py the routes of quiet reviews and check runs; app.py routes, authenticates
 and injects faults; webhooks.py builds and sends the events; control.py runs it on a port.
+Its control API (/_emulator/): manage.py holds PRs from outside and lists what was posted,
+outside.py pushes, sets files and comments (pushes.py: history kept, so compares are real;
+hooks.py: the webhook each change sends), activity.py shows what is on a PR or a commit.
 Only the CLI, the demo and the tests import it (an import-linter contract).
 """
 

@@ -16,7 +16,7 @@ started with a bot to send to (`bot emulator --bot-url`), what the bot answered 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -110,10 +110,15 @@ def _pushed_json(pushed: Pushed, base_url: str) -> dict[str, Any]:
     }
 
 
-def _answer(handler: Any) -> Any:
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def _answer(handler: Handler) -> Handler:
+    """The handler, with a refused change answered 400 (404: nothing held by that name)."""
+
     async def handle(request: web.Request) -> web.Response:
         try:
-            return await handler(request)  # type: ignore[no-any-return]
+            return await handler(request)
         except (BadChange, PushError, PullSpecError) as exc:
             status = exc.status if isinstance(exc, BadChange) else 400
             return web.json_response({"error": str(exc)}, status=status)
