@@ -9,9 +9,8 @@ re-parses the result and drops any that do not).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tree_sitter import Node, Parser
 from tree_sitter_language_pack import get_parser
@@ -531,7 +530,9 @@ CATALOGUE: tuple[Pattern, ...] = (
 PATTERNS: dict[str, Pattern] = {pattern.name: pattern for pattern in CATALOGUE}
 
 
-def find_sites(root: Node, source: bytes, patterns: Any = None) -> dict[str, list[Site]]:
+def find_sites(
+    root: Node, source: bytes, patterns: Sequence[str] | None = None
+) -> dict[str, list[Site]]:
     """Every site of every pattern (or of the named ones) in one parsed file, in source order."""
     chosen = CATALOGUE if patterns is None else tuple(PATTERNS[name] for name in patterns)
     return {pattern.name: list(pattern.find(root, source)) for pattern in chosen}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from bot.eval.sources import read_sources
 from bot.llm.base import LLMBackend
 from bot.llm.factory import create_backend
 from bot.review.assemble import classify_skipped_file
+
+log = logging.getLogger(__name__)
 
 MODELS = ("oracle", "null", "simulated", "openai")
 DEFAULT_MUTANTS = 50
@@ -54,6 +57,14 @@ def plant_in_repo(repo: Path, *, count: int, seed: int) -> list[Mutant]:
     mutants = plant_mutants(files, count=count, seed=seed, accept=reviewable)
     if not mutants:
         raise ConfigError(f"--repo {repo}: no site for any bug pattern in its Python files")
+    if len(mutants) < count:
+        log.warning(
+            "planted %d of %d bugs: %s has no more sites",
+            len(mutants),
+            count,
+            repo,
+            extra={"action": "eval_few_sites"},
+        )
     return mutants
 
 
