@@ -144,3 +144,23 @@ def test_split_lines_splits_on_newline_alone() -> None:
     assert split_lines("") == []
     assert split_lines("\n") == [""]
     assert split_lines("a\r\n\r\nb") == ["a", "", "b"]
+
+
+def test_a_renamed_file_as_git_writes_it(tmp_path: Path) -> None:
+    before = "def f():\n    return 1\n\x0c\ndef g():\n    return 2\n"
+    after = before.replace("return 2", "return 3")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "old_name.py").write_text(before)
+    (tmp_path / "b" / "new_name.py").write_text(after)
+    patch = subprocess.run(
+        ["git", "diff", "--no-index", "--no-color", "-M", "a", "b"],
+        cwd=tmp_path,
+        capture_output=True,
+        check=False,
+    ).stdout.decode()
+    assert "rename from a/old_name.py" in patch  # the preamble the forges leave out
+    diff_lines = parse_diff_lines(patch)
+    assert diff_lines.removed == {5} and diff_lines.added == {5}
+    assert diff_lines.context == {2: 2, 3: 3, 4: 4}  # the form feed line is one line
+    assert count_changed_lines(patch) == 2
