@@ -9,6 +9,8 @@ import asyncio
 import base64
 import itertools
 import json
+import os
+import signal
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -20,8 +22,16 @@ from aiohttp import web
 
 from bot.clock import SystemClock
 from bot.config import WindowSettings, load_settings
+from bot.emulator import (
+    EmulatorState,
+    ForgeEmulator,
+    build_github_pull_request_event,
+    generate_file_changes,
+    send_webhook,
+)
 from bot.engine_setup import engine_pool_for, metrics_probe
 from bot.errors import ConfigError
+from bot.forges.base import SUMMARY_MARKER
 from bot.llm.base import LLMRequest
 from bot.llm.factory import create_backend
 from bot.llm.openai_compat import OpenAICompatBackend
@@ -34,12 +44,15 @@ from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import MlfqSettings
 from bot.sim.forge import added_lines_patch, memory_forges
+from tests.conftest import shared_dir
 from tests.factories import decide, make_request
+from tests.serving import REPO_ROOT, free_port, start_serve, wait_until
 
 ANSWER = json.dumps({"findings": [], "summary": "Nothing to report."})
 OBJECTIVES = "review-p0,review-p1,review-p2,review-p3"
 COOKIE = "llm-d-session"  # llm-d's session-affinity scorer's cookie
 RoutingMode = Literal["header", "cookie"]
+SECRET = "router-test-secret"
 
 
 class StubServer:
@@ -426,3 +439,92 @@ async def test_the_dispatcher_reviews_through_the_router_one_review_per_server(
     assert {next(iter(names)) for names in seen.values()} == {"vllm-0", "vllm-1"}
     assert sum(len(server.calls) for server in servers) == 3 * len(job_ids)
     assert {call["priority"] for server in servers for call in server.calls} == {int(Level.P1)}
+
+
+@pytest.mark.slow
+async def test_bot_serve_in_router_mode_reviews_through_the_router(
+    servers: list[StubServer], db_url: str
+) -> None:
+    fixture = json.loads(
+        (shared_dir() / "fixtures" / "github" / "pull_request.opened.json").read_text()
+    )
+    router = await router_over(servers, "header")
+    state = EmulatorState()
+    try:
+        async with ForgeEmulator(state) as emulator:
+            pull = state.add_pull(
+                "github",
+                "acme/shop",
+                42,
+                files=generate_file_changes(changed_lines=1500, files=8, seed=11),
+                base_ref="main",
+            )
+            port = free_port()
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("REVIEW_BOT_")},
+                **router_settings(router.url),
+                "DATABASE_URL": db_url,
+                "GITHUB_WEBHOOK_SECRET": SECRET,
+                "GITLAB_WEBHOOK_TOKEN": SECRET,
+                "GITHUB_TOKEN": "ghp-router-test",
+                "GITHUB_API_URL": emulator.github_url,
+                "GITLAB_URL": emulator.gitlab_url,
+                "PYTHONPATH": str(REPO_ROOT),
+            }
+            process = await start_serve("all", port=port, env=env)
+            try:
+
+                async def listening() -> bool:
+                    assert process.returncode is None, "bot serve exited early"
+                    try:
+                        _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    except OSError:
+                        return False
+                    writer.close()
+                    await writer.wait_closed()
+                    return True
+
+                await wait_until(listening, timeout_s=60, what="bot serve to listen")
+                payload = build_github_pull_request_event(
+                    fixture,
+                    action="opened",
+                    repo="acme/shop",
+                    number=42,
+                    base_ref="main",
+                    head_sha=pull.newest.head_sha,
+                    base_sha=pull.newest.base_sha,
+                    changed_files=8,
+                    additions=1500,
+                    deletions=0,
+                )
+                answer = await send_webhook(
+                    f"http://127.0.0.1:{port}/webhooks/github",
+                    "github",
+                    "pull_request",
+                    payload,
+                    SECRET,
+                )
+                assert answer.status == 202, answer
+
+                async def reviewed() -> bool:
+                    posted = state.posted(forge="github", kind="issue_comment", number=42)
+                    return any(SUMMARY_MARKER in (item.body or "") for item in posted)
+
+                await wait_until(reviewed, timeout_s=90, what="the review to be posted")
+            finally:
+                if process.returncode is None:
+                    process.send_signal(signal.SIGTERM)
+                _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+    finally:
+        await router.stop()
+    log = stderr.decode()
+    assert process.returncode == 0, log[-3000:]
+    assert "(1 engines with adaptive windows)" in log, log[-3000:]
+    calls = [call for server in servers for call in server.calls]
+    assert len(calls) >= 2, "the review was one chunk: it shows no affinity"
+    # All the review's chunks went through the router to one server, its level with them.
+    (session,) = {call["session"] for call in calls}
+    assert str(session).startswith("review-")
+    assert sum(1 for server in servers if server.calls) == 1
+    assert {call["objective"] for call in calls} == {OBJECTIVES.split(",")[int(Level.P1)]}
+    assert {call["priority"] for call in calls} == {int(Level.P1)}
