@@ -7,6 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bot.diff import parse_hunks
+from bot.forges.base import InlineComment
+from bot.forges.gitlab import gitlab_body
 from bot.review.anchor import (
     NEARBY_LINES,
     anchor_finding,
@@ -267,3 +269,10 @@ def test_a_quote_of_several_lines_anchors_their_range() -> None:
     broken = "checked = validate(value)\nreturn checked"
     placement = anchor_finding(INDEX, path="src/handler.py", side="RIGHT", line=13, quote=broken)
     assert placement.outcome == "summary_only"
+
+
+def test_gitlab_suggestions_count_the_lines_above_the_commented_one() -> None:
+    comment = InlineComment("a.py", 13, "Fix.", start_line=11, suggestion="x = 1\ny = 2\n")
+    assert gitlab_body(comment) == "Fix.\n\n```suggestion:-2+0\nx = 1\ny = 2\n```"
+    fenced = InlineComment("a.py", 13, "Fix.", suggestion="s = '```'")
+    assert gitlab_body(fenced) == "Fix.\n\n````suggestion:-0+0\ns = '```'\n````"

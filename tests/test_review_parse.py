@@ -230,3 +230,9 @@ def test_retry_reminder_names_the_problem() -> None:
     reminder = build_retry_reminder("no JSON object in the answer")
     assert "no JSON object in the answer" in reminder
     assert '"findings"' in reminder
+
+
+def test_a_range_written_into_the_line_is_read_as_one() -> None:
+    parsed = parse_review(answer([finding(line="4-5", quote=None)]), INDEX)
+    (placed,) = parsed.placed
+    assert (placed.start_line, placed.line, placed.anchor) == (4, 5, "exact")

@@ -37,6 +37,7 @@ CODE_SPAN = re.compile(r"(```.*?(?:```|\Z)|`[^`\n]*`)", re.DOTALL)
 HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 MENTION = re.compile(r"(?<![\w`@/])@([A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:/[A-Za-z0-9_-]+)?)")
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+LINE_RANGE = re.compile(r"^\s*L?(\d+)\s*(?:-|–|\.\.)\s*L?(\d+)\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +235,12 @@ def check_finding(
         return "unknown_path"
     raw_line = item.get("line")
     line = normalize_line(raw_line)
+    range_start: int | None = None
+    if line is None and isinstance(raw_line, str):
+        # "12-14": a range written into the line.
+        written = LINE_RANGE.match(raw_line)
+        if written:
+            range_start, line = normalize_line(written.group(1)), normalize_line(written.group(2))
     if raw_line is not None and line is None:
         return "bad_line"
     side = _side_of(item.get("side"))
@@ -249,7 +256,7 @@ def check_finding(
     if not body:
         return "no_body"
     quote = _optional_text(item.get("quote"), max_chars=MAX_QUOTE_CHARS)
-    start_line = normalize_line(item.get("start_line"))
+    start_line = normalize_line(item.get("start_line")) or range_start
     placement = anchor_finding(
         index,
         path=raw_path,
