@@ -214,6 +214,7 @@ everything else comes from the environment (README, Configuration), chiefly:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bot.llm.batching import PROFILES
     from bot.obs.reports import REPORT_HELP, REPORT_NAMES
     from bot.sim.shapes import DEFAULT_SEED, DEFAULT_SHAPE, SHAPES, shapes_help
     from bot.sim.shapes import listing as described
@@ -314,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--batching",
         metavar="PROFILE",
-        choices=("gpu-7b", "cpu-smollm2"),
+        choices=tuple(PROFILES),
         help="replay on batched engines under this cost model, against exclusive slots",
     )
     simulate.set_defaults(handler=_command_simulate)

@@ -51,6 +51,11 @@ class WindowSettings:
     # to 0.8 that a few percent of noise between intervals walked it below; 0.15 settles at
     # 0.89 there, and higher on larger knees, without noise (tests/test_window.py).
     min_elasticity: float = 0.15
+    # Slow start doubles again only while a doubling returned at least 2 ** this in tokens/s:
+    # an engine still far from its knee scales nearly linearly (elasticity near 1), and one
+    # whose doubling already bent (the CPU server: 4 -> 8 gave 1.25x, elasticity 0.32) would
+    # overshoot with the next (8 -> 16 gave 0.94x). Below it, slow start ends at that window.
+    slow_start_elasticity: float = 0.65
     # Outside slow start a move is this share of the window (at least one place).
     growth: float = 0.25
     # Quiet intervals in a row after which the window probes a step, up and down in turn, in
@@ -79,6 +84,8 @@ class WindowSettings:
             raise ValueError("min_completions must be >= 1 and min_interval_s >= 0")
         if not 0 < self.min_elasticity < 1:
             raise ValueError("min_elasticity must be within (0, 1)")
+        if not self.min_elasticity <= self.slow_start_elasticity <= 1:
+            raise ValueError("slow_start_elasticity must be within [min_elasticity, 1]")
         if not 0 < self.growth <= 1 or self.probe_after < 1:
             raise ValueError("growth must be within (0, 1] and probe_after >= 1")
         if self.p0_slowdown < 1:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.llm.batching import PROFILES, BatchedEngine, BatchingProfile, get_profile
+from tests.conftest import shared_dir
 
 GPU = PROFILES["gpu-7b"]
 CPU = PROFILES["cpu-smollm2"]
@@ -25,7 +28,7 @@ def test_profiles_reproduce_the_figures_they_were_calibrated_on() -> None:
 
 
 def test_unknown_profiles_are_named() -> None:
-    with pytest.raises(ValueError, match="cpu-smollm2, gpu-7b"):
+    with pytest.raises(ValueError, match="cpu-smollm2, gpu-7b, h200-8b"):
         get_profile("tpu")
     assert get_profile("gpu-7b") is GPU
 
@@ -109,3 +112,38 @@ def test_every_call_finishes_no_sooner_than_alone_and_no_later_than_in_line(
     assert max(f.at_s for f in done) <= arrivals[0] + sum(solo) + sum(gaps) + 1e-6
     assert engine.busy_s <= sum(solo) + 1e-6
     assert sum(f.engine_s for f in done) == pytest.approx(engine.busy_s)
+
+
+H200 = PROFILES["h200-8b"]
+
+
+def test_the_h200_profile_matches_the_shared_measurement() -> None:
+    path = shared_dir() / "measurements" / "h200_decode_step.json"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: the H200 measurement is not here")
+    measured = json.loads(path.read_text(encoding="utf-8"))
+    fit = measured["fit"]["4096"]
+    assert H200.step_base_s == pytest.approx(fit["base_ms"] / 1000, rel=0.005)
+    assert H200.step_per_sequence_s == pytest.approx(fit["per_seq_ms"] / 1000, rel=0.005)
+    # The fitted line reproduces every measured 4k decode step within 5%.
+    for point in measured["decode"]:
+        if point["L"] == 4096:
+            assert H200.step_s(point["n"]) * 1000 == pytest.approx(point["step_ms"], rel=0.05)
+    # Prefill: the compute-bound prompts (2,048 tokens and more).
+    rates = [p["tokens_per_s"] for p in measured["prefill"] if p["P"] >= 2048]
+    assert min(rates) * 0.95 <= H200.prefill_tokens_per_s <= max(rates)
+
+
+def test_the_h200_runs_a_traces_call_faster_than_the_a100_it_was_read_on() -> None:
+    # The trace's solo time is A100-class: the same prompt and tokens, on the H200.
+    prefill_a100, tokens = GPU.split(30.0, 200)
+    prefill_h200, tokens_h200 = H200.split(30.0, 200)
+    assert tokens_h200 == pytest.approx(tokens)
+    assert prefill_h200 == pytest.approx(prefill_a100 * 6500 / 36000)
+    engine = BatchedEngine(H200)
+    engine.admit("a", solo_s=30.0, lines=200, now_s=0.0)
+    done = engine.advance(1000.0)
+    expected = prefill_h200 + tokens * H200.step_s(1)
+    assert done[0].latency_s == pytest.approx(expected)
+    assert done[0].latency_s < 30.0 / 2
+    assert H200.speedup(64) > GPU.speedup(64)

@@ -71,12 +71,25 @@ def test_throughput_that_grows_with_the_window_grows_it_again() -> None:
     assert (decision.reason, decision.window) == ("throughput_up", 32)
 
 
-def test_a_grow_that_brings_too_little_goes_halfway_back() -> None:
+def test_a_doubling_that_brings_too_little_goes_all_the_way_back() -> None:
     # 8 -> 16 places for 5% more tokens/s and 80% more latency per token: past the knee.
     state = replace(measured(8, 100.0, 0.08), window=16, slow_start=True)
     decision = adapt_window(state, interval(105.0, 0.144), SETTINGS)
-    assert (decision.reason, decision.window) == ("latency_up", 12)
+    assert (decision.reason, decision.window) == ("latency_up", 8)
     assert decision.state.slow_start is False
+
+
+def test_slow_start_stops_at_the_first_doubling_that_bends() -> None:
+    # The CPU server: 4 -> 8 gave 1.25x tokens/s, an elasticity of 0.32: the doubling paid,
+    # the next one (to 16) would have lost. Slow start ends: one step (a quarter) up from 8.
+    state = replace(measured(4, 40.5, 0.1), window=8, slow_start=True)
+    decision = adapt_window(state, interval(50.7, 0.16), SETTINGS)
+    assert (decision.reason, decision.window) == ("knee", 10)
+    assert decision.state.slow_start is False
+    # Nearly linear (1.6x for 2x): still far from the knee, slow start goes on.
+    decision = adapt_window(state, interval(64.8, 0.12), SETTINGS)
+    assert (decision.reason, decision.window) == ("throughput_up", 16)
+    assert decision.state.slow_start is True
 
 
 def test_a_grow_of_one_that_brings_nothing_goes_back_to_the_last_window() -> None:
@@ -329,17 +342,24 @@ class BatchingEngine:
     --max-num-seqs) and say so in `requests_waiting`; noise is a relative jitter of tokens/s.
     """
 
-    def __init__(self, t0: float, k: float, capacity: int, noise: float, seed: int) -> None:
-        self.t0, self.k, self.capacity, self.noise = t0, k, capacity, noise
+    def __init__(
+        self, t0: float, k: float, capacity: int, noise: float, seed: int, c: float = 0.0
+    ) -> None:
+        # `c` adds c*n**2 to a step: a server that runs short of cores or memory bandwidth
+        # loses tokens/s past its best window (the CPU server peaks at 8).
+        self.t0, self.k, self.c, self.capacity, self.noise = t0, k, c, capacity, noise
         self.rng = random.Random(seed)
+
+    def step_s(self, running: int) -> float:
+        return self.t0 + self.k * running + self.c * running * running
 
     def tokens_per_s(self, window: int) -> float:
         running = min(window, self.capacity)
-        return running / (self.t0 + self.k * running)
+        return running / self.step_s(running)
 
     def run(self, window: int, elapsed_s: float = 30.0) -> WindowObservation:
         running = min(window, self.capacity)
-        step_s = self.t0 + self.k * running
+        step_s = self.step_s(running)
         jitter = 1 + self.rng.uniform(-self.noise, self.noise)
         tokens = round(running / step_s * elapsed_s * jitter)
         # Latency per token seen by a request includes its wait behind the engine's capacity.
@@ -412,3 +432,81 @@ def test_refusals_above_a_limit_keep_the_window_below_it() -> None:
         windows.append(state.window)
     assert max(windows[-30:]) <= 12 + math.ceil(12 * config.growth)
     assert windows.count(64) == 0
+
+
+def drain(engine: BatchingEngine, config: WindowSettings, reviews: int) -> list[int]:
+    """The windows judged while `reviews` one-chunk reviews drain: an interval is judged once
+    it holds max(min_completions, window) completions (ready_to_judge), so a drain of 40 gives
+    the controller only a handful of intervals."""
+    state = initial_window(config)
+    windows = [state.window]
+    left = reviews
+    while left > 0:
+        needed = max(config.min_completions, state.window)
+        left -= needed
+        if left < 0:
+            break
+        state = adapt_window(state, engine.run(state.window), config).state
+        windows.append(state.window)
+    return windows
+
+
+PEAKED = {
+    "best": st.integers(4, 32),
+    "linear_share": st.floats(0.0, 0.5),
+    "noise": st.floats(0.0, 0.04),
+    "seed": st.integers(0, 10_000),
+}
+
+
+def peaked_engine(best: int, linear_share: float, noise: float, seed: int) -> BatchingEngine:
+    # Tokens/s n / (t0 + k n + c n**2) peaks at n = sqrt(t0 / c), whatever k is.
+    t0 = 0.02
+    return BatchingEngine(
+        t0=t0, k=linear_share * t0 / best, c=t0 / best**2, capacity=1000, noise=noise, seed=seed
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(**PEAKED)
+def test_slow_start_does_not_overshoot_the_knee(
+    best: int, linear_share: float, noise: float, seed: int
+) -> None:
+    config = WindowSettings(floor=1, ceiling=64, initial=4)
+    engine = peaked_engine(best, linear_share, noise, seed)
+    state = initial_window(config)
+    windows: list[int] = []
+    slow_start_reached = state.window
+    for _ in range(60):
+        state = adapt_window(state, engine.run(state.window), config).state
+        windows.append(state.window)
+        if state.slow_start:
+            slow_start_reached = max(slow_start_reached, state.window)
+    # Slow start ends within a third past the best window (a few percent of noise can let one
+    # doubling through from under it), never a doubling past it; only the first doubling, from
+    # the initial window with nothing to compare, may pass it. Later probes go a step up and
+    # come back.
+    knee_bound = max(2 * config.initial, best + math.ceil(best / 3))
+    assert slow_start_reached <= knee_bound
+    assert max(windows) <= knee_bound + max(1, math.ceil(knee_bound * config.growth))
+    settled = windows[-30:]
+    peak = max(engine.tokens_per_s(window) for window in range(1, 65))
+    mean_throughput = sum(engine.tokens_per_s(window) for window in settled) / len(settled)
+    assert mean_throughput >= 0.9 * peak
+
+
+@settings(max_examples=80, deadline=None)
+@given(**PEAKED)
+def test_the_window_converges_within_a_drain_of_40_reviews(
+    best: int, linear_share: float, noise: float, seed: int
+) -> None:
+    config = WindowSettings(floor=1, ceiling=64, initial=4)
+    engine = peaked_engine(best, linear_share, noise, seed)
+    windows = drain(engine, config, reviews=40)
+    peak = max(engine.tokens_per_s(window) for window in range(1, 65))
+    # Over the drain's second half the windows run the engine within 15% of its best, on
+    # average (a drain of 40 holds only 5-8 judged intervals; a step under way may not have
+    # been judged when it ends). The controller before the knee rule: 0.83 at worst.
+    second_half = windows[len(windows) // 2 :]
+    mean_throughput = sum(engine.tokens_per_s(w) for w in second_half) / len(second_half)
+    assert mean_throughput >= 0.85 * peak

