@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,8 +16,8 @@ import pytest
 from bot import cli
 from bot.clock import SystemClock
 from bot.diff import extract_files, parse_files
-from bot.emulator import ForgeEmulator
-from bot.forges.base import RetryPolicy
+from bot.emulator import ForgeEmulator, generate_file_changes
+from bot.forges.base import RetryPolicy, ReviewToPost
 from bot.forges.registry import ForgeOptions, ForgeRegistry, build_forges
 from bot.llm.base import LLMRequest, LLMResponse
 from bot.model import FileChange, Forge, JobState, Level, PolicyDecision
@@ -24,6 +25,9 @@ from bot.obs.metrics import Metrics
 from bot.pipeline import build_pipeline
 from bot.queue.findings import FindingStore
 from bot.queue.store import QueueStore
+from bot.review.anchor import index_files
+from bot.review.comments import inline_comment, review_diff
+from bot.review.parse import parse_review
 from bot.review.quiet_post import QuietPosting
 from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
@@ -221,3 +225,67 @@ async def test_findings_land_where_they_belong_and_the_outcomes_are_counted(
     exported = metrics.render().decode()
     for outcome in ("exact", "by_quote", "nearby", "summary_only"):
         assert f'review_bot_findings_anchored_total{{outcome="{outcome}"}} 1.0' in exported
+
+
+def erring_answer(rng: random.Random, files: list[FileChange]) -> str:
+    """Findings as a careless model writes them: any line, any side, quotes right or wrong,
+    ranges that may run off their hunk, paths with prefixes, fixes."""
+    findings = []
+    for _ in range(12):
+        file = rng.choice(files)
+        shown = [
+            (line.new_line if line.kind != "-" else line.old_line, line.text)
+            for hunk in parse_files([{"path": file.path, "patch": file.patch}])[0].hunks
+            for line in hunk.lines
+        ]
+        number, text = rng.choice(shown)
+        line = max(1, (number or 1) + rng.choice([0, 0, 1, -1, 2, -3, 5, 40]))
+        item: dict[str, object] = {
+            "path": rng.choice(["", "./", "a/", "b/"]) + file.path,
+            "line": line,
+            "side": rng.choice(["RIGHT", "LEFT", None]),
+            "severity": rng.choice(["critical", "major", "minor", "info"]),
+            "body": f"finding {rng.random():.6f}",
+        }
+        roll = rng.random()
+        if roll < 0.5:
+            item["quote"] = text
+        elif roll < 0.6:
+            item["quote"] = "no such line at all"
+        if rng.random() < 0.4:
+            item["start_line"] = max(1, line - rng.randint(1, 6))
+        if rng.random() < 0.4:
+            item["suggestion"] = "    fixed = True\n    return fixed"
+        findings.append(item)
+    return json.dumps({"findings": findings, "summary": "s"})
+
+
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
+async def test_no_anchored_comment_is_ever_refused(
+    forge: Forge, emulator: ForgeEmulator, forges: ForgeRegistry
+) -> None:
+    rng = random.Random(2024)
+    client = forges[forge]
+    posted_inline = 0
+    for number in range(100, 130):
+        files = generate_file_changes(changed_lines=rng.randint(5, 60), files=2, seed=number)
+        pull = emulator.state.add_pull(forge, "acme/shop", number, files=files)
+        chunk_files = [{"path": f.path, "patch": f.patch, "status": f.status} for f in files]
+        parsed = parse_review(erring_answer(rng, files), index_files(chunk_files))
+        diff = review_diff(chunk_files)
+        review = ReviewToPost(
+            job_id=number,
+            body="summary",
+            comments=tuple(
+                inline_comment(finding, diff, body=finding.body) for finding in parsed.placed
+            ),
+            head_sha=pull.newest.head_sha,
+            base_sha=pull.newest.base_sha,
+            start_sha=pull.newest.start_sha,
+        )
+        posted = await client.post_review("acme/shop", number, review)
+        assert (posted.inline_rejected, posted.summary_only) == (0, False), number
+        posted_inline += posted.inline_posted
+    assert posted_inline > 100  # the model's errors were mostly anchored, not all dropped
+    assert emulator.state.count_requests("github.reviews.create", status=422) == 0
+    assert emulator.state.count_requests("gitlab.discussions.create", status=400) == 0
