@@ -48,6 +48,9 @@ from bot.forges.gitlab import GitLabClient
 from bot.model import ChunkState, JobState, Level
 from bot.policy import load_policy_book
 from bot.queue.store import HistoryEntry, QueueStore
+from bot.sched.mlfq import MlfqSettings, ServiceEstimator
+from bot.status.eta import Capacity
+from bot.status.publisher import StatusPublisher
 from tests.factories import plans
 from tests.webhook_fixtures import (
     COMMENT_PLACEHOLDER,
@@ -423,11 +426,42 @@ async def test_status_tells_level_reason_place_estimate_and_wait(harness: Harnes
     body = reply.body or ""
     assert f"Review job {job_id}: **queued** at **P2**" in body
     assert "why: `large change (label refactor)`" in body
-    assert "place in queue: 2 (1 ahead)" in body
-    assert "estimated start: in about 1 min" in body
+    assert "place in queue: 2nd in line (1 ahead)" in body
+    assert "estimated start: in about " in body and "review in about " in body
     assert "waiting so far: 2 min" in body
     (entry,) = await harness.commands_history(job_id)
     assert entry.to_value == "accepted" and entry.actor == "anyone"
+
+
+async def test_status_says_the_place_and_eta_the_commit_status_says(harness: Harness) -> None:
+    """One function for both: the status publisher keeps the model it estimates with, and
+    `/review status` runs the same dry run over the same queue with it."""
+    numbers = []
+    for _ in range(12):
+        number, job_id = await harness.open_pull()
+        await harness.store.plan_job(job_id, plans(40, 40), now=harness.clock.now())
+        numbers.append(number)
+    statuses = StatusPublisher(
+        harness.store.engine,
+        {"github": harness.forges["github"]},
+        clock=harness.clock,
+        capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),
+        estimator=ServiceEstimator.with_prior,
+    )
+    await statuses.publish_once(harness.clock.now())
+    last = numbers[-1]
+    [written] = [
+        r.data for r in harness.state.posted(forge="github", kind="commit_status")
+        if r.data["sha"] == harness.state.get_pull("github", REPO, last).newest.head_sha
+    ]  # fmt: skip
+    place, eta = written["description"].split(" · ")[1:3]
+    assert place == "12th in line" and eta.startswith("review in about ")
+    await harness.comment(last, "/review status", user="anyone")
+    await harness.work()
+    (reply,) = harness.replies(last)
+    assert reply.body is not None
+    assert f"place in queue: {place} (11 ahead)" in reply.body
+    assert f"- {eta}" in reply.body
 
 
 async def test_help(harness: Harness) -> None:

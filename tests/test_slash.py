@@ -15,7 +15,6 @@ from bot.commands.decide import (
     code,
     decide,
     describe_p0_triggers,
-    estimate_start_s,
     format_duration,
     has_permission,
     render_reply,
@@ -295,7 +294,9 @@ def test_review_of_an_unknown_pr_is_refused_with_a_reason() -> None:
 
 def test_status_shows_level_why_place_estimate_and_wait() -> None:
     job = make_job(level=Level.P1, chunks_done=1)
-    standing = Standing(ahead=3, estimated_start_s=120, level_reason="P2 to P1 by lead: urgent")
+    standing = Standing(
+        place=4, start_in_s=120, finish_in_s=150, level_reason="P2 to P1 by lead: urgent"
+    )
     decision = run(make_command("status", author="anyone"), job=job, permission="none",
                    standing=standing)  # fmt: skip
     text = decision.reply_text
@@ -304,8 +305,9 @@ def test_status_shows_level_why_place_estimate_and_wait() -> None:
     assert "why: `large change (label refactor)`" in text
     assert "level last changed: `P2 to P1 by lead: urgent`" in text
     assert "1 of 3 chunks reviewed" in text
-    assert "place in queue: 4 (3 ahead)" in text
+    assert "place in queue: 4th in line (3 ahead)" in text
     assert "estimated start: in about 2 min" in text
+    assert "review in about 2 min" in text
     assert "waiting so far: 4 min" in text
 
 
@@ -359,6 +361,3 @@ def test_helpers() -> None:
     assert not has_permission("read", "no-such-role")
     assert [format_duration(s) for s in (0, 59.4, 61, 3600, 7500)] == [
         "0 s", "59 s", "1 min", "1 h", "2 h 5 min"]  # fmt: skip
-    assert estimate_start_s(0, workers=8, typical_job_s=60) == 0
-    assert estimate_start_s(8, workers=8, typical_job_s=60) == 60
-    assert estimate_start_s(9, workers=8, typical_job_s=60) == 120

@@ -13,7 +13,8 @@ from bot.clock import EPOCH
 from bot.config import load_settings
 from bot.errors import ConfigError
 from bot.model import JobState, Level
-from bot.sched.mlfq import CONTINUATION_RANK_OFFSET, MlfqSettings
+from bot.sched.mlfq import CONTINUATION_RANK_OFFSET, MlfqSettings, ServiceEstimator
+from bot.status.calibrate import EtaLearner, EtaSample, learn_calibration
 from bot.status.decide import (
     PublishRules,
     StatusReport,
@@ -24,7 +25,8 @@ from bot.status.decide import (
     state_of,
     updates_left,
 )
-from bot.status.eta import Capacity, JobLoad, QueuedCall, estimate_queue
+from bot.status.eta import Arrivals, Capacity, JobLoad, QueuedCall, estimate_queue
+from bot.status.load import arrivals_of
 from bot.status.render import StatusFacts, about, ordinal, render_status
 
 NOW = EPOCH
@@ -69,6 +71,72 @@ def test_one_slot_serves_a_level_in_rank_order() -> None:
     assert estimates[3].start_in_s == pytest.approx(10.0)
     assert estimates[3].finish_in_s == pytest.approx(30.0)
     assert estimates[1].finish_in_s == pytest.approx(60.0)
+
+
+def test_work_still_arriving_above_a_job_delays_it_and_below_does_not() -> None:
+    """One slot, a P2 review of 30 s alone; P1 reviews of 8 s arrive every 10 s (the recent
+    stream). Played on, they take the slot whenever one is ready: the P2 ends later."""
+    job = single(1, Level.P2, 30.0)
+    alone = estimate_queue([job], Capacity(slots=1, mlfq=NO_RESERVE))[1]
+    assert alone.finish_in_s == pytest.approx(30.0)
+    stream = Arrivals({Level.P1: 10.0}, {Level.P1: (QueuedCall(8.0, 8.0),)}, horizon_s=900.0)
+    busy = estimate_queue([job], Capacity(slots=1, mlfq=NO_RESERVE), stream)[1]
+    # The P2 call starts at once (nothing else is there yet) and runs 30 s; the P1s wait.
+    assert busy.start_in_s == 0.0 and busy.finish_in_s == pytest.approx(30.0)
+    behind = [single(1, Level.P2, 30.0), single(2, Level.P2, 30.0)]
+    later = estimate_queue(behind, Capacity(slots=1, mlfq=NO_RESERVE), stream)
+    quiet = estimate_queue(behind, Capacity(slots=1, mlfq=NO_RESERVE))
+    # The second P2 waits for the P1 work still arriving: far more than the 24 s of the three
+    # that came while the first ran, since more keep coming while those run.
+    assert quiet[2].finish_in_s == pytest.approx(60.0)
+    assert later[2].finish_in_s > 60.0 + 24.0
+    # Nothing is assumed to arrive past the horizon: P1s at 10 and 20 s only, run 30-46 s.
+    short = Arrivals(stream.every_s, stream.calls, horizon_s=25.0)
+    assert estimate_queue(behind, Capacity(slots=1, mlfq=NO_RESERVE), short)[2].finish_in_s == (
+        pytest.approx(76.0)
+    )
+    # A stream below the job's level does not hold it back.
+    low = Arrivals({Level.P3: 10.0}, {Level.P3: (QueuedCall(8.0, 8.0),)}, horizon_s=900.0)
+    assert estimate_queue(behind, Capacity(slots=1, mlfq=NO_RESERVE), low)[2].finish_in_s == (
+        pytest.approx(60.0)
+    )
+
+
+def test_the_stream_is_read_from_the_recent_window_and_played_as_long_again() -> None:
+    estimator = ServiceEstimator.with_prior()
+    recent = [(Level.P1, 40)] * 30 + [(Level.P2, 900)] * 2 + [(Level.P0, None)] * 3
+    stream = arrivals_of(recent, window_s=900.0, estimator=estimator)
+    assert stream is not None
+    assert stream.every_s == {Level.P1: 30.0, Level.P0: 300.0}  # P2: too few to count
+    assert stream.horizon_s == 900.0
+    assert [call.seconds for call in stream.calls[Level.P1]] == [pytest.approx(17.0)]
+    assert arrivals_of([(Level.P1, 40)] * 2, estimator=estimator) is None
+
+
+def test_the_eta_learns_a_factor_per_level_from_its_misses() -> None:
+    samples = [EtaSample(Level.P1, 10.0, 10.0)] * 30 + [EtaSample(Level.P2, 10.0, 20.0)] * 30
+    calibration = learn_calibration(samples)
+    # Pooled median 1.5, shrunk towards 1 by ten reviews' weight: 1.43; each level shrunk
+    # towards that by the same weight.
+    assert calibration.factor(Level.P0) == pytest.approx((60 * 1.5 + 10) / 70)
+    assert calibration.factor(Level.P2) == pytest.approx((30 * 2 + 10 * (100 / 70)) / 40)
+    assert calibration.factor(Level.P1) == pytest.approx((30 * 1 + 10 * (100 / 70)) / 40)
+    assert learn_calibration([]).factor(Level.P1) == 1.0
+    extreme = learn_calibration([EtaSample(Level.P3, 1.0, 500.0)] * 500)
+    assert extreme.factor(Level.P3) == 4.0  # bounded
+
+
+def test_the_learner_keeps_the_dry_runs_promise_not_the_scaled_one() -> None:
+    learner = EtaLearner()
+    for job_id in range(40):
+        learner.promise(job_id, Level.P2, given_at=NOW, finish_in_s=10.0)
+        learner.promise(job_id, Level.P2, given_at=NOW, finish_in_s=99.0)  # later: ignored
+        learner.finished(job_id, NOW + timedelta(seconds=20))
+    learner.promise(99, Level.P2, given_at=NOW, finish_in_s=10.0)
+    learner.forget(99)  # cancelled: nothing learnt
+    learner.finished(99, NOW + timedelta(seconds=1000))
+    overall = (40 * 2.0 + 10 * 1.0) / 50  # every sample says 2: pooled, shrunk towards 1
+    assert learner.calibration.factor(Level.P2) == pytest.approx((40 * 2.0 + 10 * overall) / 50)
 
 
 def test_sixteen_equal_jobs_on_eight_slots_end_in_two_waves() -> None:

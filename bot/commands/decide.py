@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Literal
 from bot.forges.base import PERMISSIONS, Permission
 from bot.model import TERMINAL_JOB_STATES, Command, Job, JobState, Level
 from bot.policy import CommandRules, Policy, compile_glob
+from bot.status.render import about, ordinal
 
 Action = Literal["set_level", "requeue", "republish", "cancel", "status", "help", "refuse"]
 Outcome = Literal["accepted", "refused", "unchanged"]
@@ -67,11 +67,13 @@ class SlashRules:
 
 @dataclass(frozen=True, slots=True)
 class Standing:
-    """Where a job stands in the queue, as the status reply shows it."""
+    """Where a job stands in the queue: the place and ETA its check run or commit status
+    gives (bot.status.standing, one function for both), and why its level last changed."""
 
-    ahead: int | None = None  # queued jobs ahead of it
-    estimated_start_s: float | None = None
-    level_reason: str | None = None  # why its level last changed
+    place: int | None = None  # 1 = next to start, among reviews not started yet
+    start_in_s: float | None = None
+    finish_in_s: float | None = None  # the review posted
+    level_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,16 +343,20 @@ def _status(
     if job.state in (JobState.QUEUED, JobState.WAITING):
         if job.state is JobState.WAITING:
             lines.append("- waiting for the reviews it depends on")
-        if standing.ahead is not None:
-            lines.append(f"- place in queue: {standing.ahead + 1} ({standing.ahead} ahead)")
-        if standing.estimated_start_s is not None:
+        if standing.place is not None:
             lines.append(
-                f"- estimated start: in about {format_duration(standing.estimated_start_s)}"
+                f"- place in queue: {ordinal(standing.place)} in line ({standing.place - 1} ahead)"
             )
+        if standing.start_in_s is not None:
+            lines.append(f"- estimated start: in about {about(standing.start_in_s)}")
+        if standing.finish_in_s is not None:
+            lines.append(f"- review in about {about(standing.finish_in_s)}")
         lines.append(f"- waiting so far: {format_duration(_seconds(now - job.enqueued_at))}")
     elif job.state is JobState.RUNNING:
         started = job.first_started_at or job.enqueued_at
         lines.append(f"- waited {format_duration(_seconds(started - job.enqueued_at))} to start")
+        if standing.finish_in_s is not None:
+            lines.append(f"- review in about {about(standing.finish_in_s)}")
     else:
         ended = job.finished_at or now
         lines.append(f"- ended after {format_duration(_seconds(ended - job.enqueued_at))}")
@@ -383,13 +389,6 @@ def format_duration(seconds: float) -> str:
         return f"{minutes} min"
     hours, rest = divmod(minutes, 60)
     return f"{hours} h {rest} min" if rest else f"{hours} h"
-
-
-def estimate_start_s(ahead: int, *, workers: int, typical_job_s: float) -> float:
-    """A rough wait: the jobs ahead, shared by the worker slots, each taking a typical time."""
-    if ahead <= 0:
-        return 0.0
-    return math.ceil(ahead / max(1, workers)) * typical_job_s
 
 
 def code(text: str) -> str:

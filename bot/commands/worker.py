@@ -19,7 +19,6 @@ from bot.commands.decide import (
     Standing,
     clean_error,
     decide,
-    estimate_start_s,
     render_reply,
 )
 from bot.commands.inbox import (
@@ -43,6 +42,8 @@ from bot.outage import OutageWatch
 from bot.policy import PolicyBook, evaluate
 from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for, request_from_json
 from bot.review.deferral import RetryBudget
+from bot.status.eta import Capacity
+from bot.status.standing import EtaModel, read_standings
 from bot.wording import for_forge
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,7 @@ class CommandWorkerSettings:
     max_age_s: float = 6 * 3600.0  # commands older than this are not executed any more
     max_attempts: int = 3
     permission_ttl_s: float = 60.0
-    workers: int = 8  # LLM worker slots, for the estimated start
-    typical_job_s: float = 60.0
+    workers: int = 8  # LLM worker slots, for the ETA until the status publisher kept its model
     outage_backoff_s: float = 1.0  # first pause after the database is lost
     # Replies and reactions the forge did not take: tries and backoff, as for reviews.
     reply_budget: RetryBudget = field(
@@ -507,13 +507,11 @@ class CommandWorker:
     async def _standing(self, job: Job | None) -> Standing | None:
         if job is None:
             return None
-        ahead = None
         estimate = None
-        if job.planned and job.state not in TERMINAL_JOB_STATES:
-            ahead = await self.store.queue_position(job.id)
-            estimate = estimate_start_s(
-                ahead, workers=self.settings.workers, typical_job_s=self.settings.typical_job_s
-            )
+        if job.state not in TERMINAL_JOB_STATES:
+            fallback = EtaModel(Capacity(slots=self.settings.workers))
+            found = await read_standings(self.store.engine, now=self.clock.now(), fallback=fallback)
+            estimate = found.estimates.get(job.id)
         level_reason = None
         if job.level != job.base_level:
             history = await self.store.job_history(job.id)
@@ -523,7 +521,14 @@ class CommandWorker:
                 level_reason = (
                     f"{last.from_value} -> {last.to_value} by {last.actor}: {last.reason}"
                 )
-        return Standing(ahead=ahead, estimated_start_s=estimate, level_reason=level_reason)
+        if estimate is None:
+            return Standing(level_reason=level_reason)
+        return Standing(
+            place=estimate.place,
+            start_in_s=estimate.start_in_s,
+            finish_in_s=estimate.finish_in_s,
+            level_reason=level_reason,
+        )
 
     async def _permission(
         self, client: ForgeClient, forge: str, repo: str, user: str

@@ -309,6 +309,16 @@ status_outbox = Table(
     Column("republish", Boolean, nullable=False, server_default=text("false")),
 )
 
+# Created by migration 0022: what the status publisher estimates with (slots, scheduler knobs,
+# service estimator, learnt ETA factors), so every process's ETA is the check run's.
+eta_model = Table(
+    "eta_model",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("model", JSONB, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
 # Created by migration 0013: one row per dispatcher process, refreshed every heartbeat.
 dispatchers = Table(
     "dispatchers",

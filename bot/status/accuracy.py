@@ -13,11 +13,13 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.model import LEVELS, Level
+from bot.model import LEVELS, JobState, Level
 from bot.sched.mlfq import ServiceEstimator
 from bot.stats import percentile
+from bot.status import publisher_sql as sql
+from bot.status.calibrate import EtaLearner
 from bot.status.eta import Capacity
-from bot.status.publisher import estimate_rows, fetch_live_rows
+from bot.status.standing import calibrated, estimate_rows, fetch_arrivals, fetch_live_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,8 @@ def eta_errors(
 
 
 class EtaRecorder:
-    """Remembers each review's first ETA (from the live queue) and its real finish."""
+    """Remembers each review's first ETA (from the live queue, learning from its misses as
+    the status publisher does) and its real finish."""
 
     def __init__(
         self,
@@ -66,30 +69,57 @@ class EtaRecorder:
         *,
         capacity: Capacity,
         estimator: Callable[[], ServiceEstimator],
+        learn: bool = True,
     ) -> None:
         self.engine = engine
         self.capacity = capacity
         self.estimator = estimator
+        self.learner = EtaLearner() if learn else None
         self.promises: dict[int, Promise] = {}
         self.finished: dict[int, datetime] = {}
 
     async def observe(self, now: datetime) -> int:
         """Give every review not seen before its ETA, as the status would show it; how many."""
+        await self._learn()
         rows = await fetch_live_rows(self.engine)
         if not any(int(row.id) not in self.promises for row in rows):
             return 0
-        estimates = estimate_rows(rows, capacity=self.capacity, estimator=self.estimator(), now=now)
+        estimator = self.estimator()
+        arrivals = await fetch_arrivals(self.engine, estimator=estimator, now=now)
+        raw = estimate_rows(
+            rows, capacity=self.capacity, estimator=estimator, now=now, arrivals=arrivals
+        )
         new = 0
         for row in rows:
             job_id = int(row.id)
             if job_id in self.promises:
                 continue
-            finish_in = estimates[job_id].finish_in_s
+            estimate = raw[job_id]
+            if self.learner is not None:
+                self.learner.promise(
+                    job_id, Level(row.level), given_at=now, finish_in_s=estimate.finish_in_s
+                )
+                estimate = calibrated(estimate, self.learner.calibration)
             self.promises[job_id] = Promise(
-                Level(row.level), now, now + timedelta(seconds=finish_in)
+                Level(row.level), now, now + timedelta(seconds=estimate.finish_in_s)
             )
             new += 1
         return new
+
+    async def _learn(self) -> None:
+        """Feed the learner the reviews that ended since the last look."""
+        if self.learner is None:
+            return
+        waiting = [job_id for job_id in self.promises if self.learner.promised(job_id)]
+        if not waiting:
+            return
+        async with self.engine.connect() as conn:
+            ended = (await conn.execute(sql.SELECT_ENDED_AMONG, {"ids": waiting})).all()
+        for row in ended:
+            if JobState(row.state) == JobState.DONE and row.finished_at is not None:
+                self.learner.finished(int(row.id), row.finished_at)
+            else:
+                self.learner.forget(int(row.id))
 
     def finish(self, job_id: int, at: datetime) -> None:
         """The review of `job_id` was finished (posted) at `at`."""

@@ -6,16 +6,16 @@ played forward on the engines' slots, every free slot filled by the scheduler's 
 (`bot.sched.mlfq.choose_slot`: P0 first, weighted shares, the short-work reserve), each level's
 calls taken in the queue's order (rank, then job). A fluid model (work divided by slots) was the
 first idea; it misjudges the shallow queues this scheduler keeps, where a review's calls start
-at once on free slots. The dry run ignores work that has not arrived yet: `bot simulate` measures
-what that costs in accuracy.
+at once on free slots. Work that has not arrived yet is played too when `arrivals` is given: the
+recent stream of each level (one typical review every so many seconds) keeps arriving while the
+queue drains, so a P2's wait grows with the P1 work a burst will still bring, as it really does.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bot.model import LEVELS, Level
@@ -57,6 +57,17 @@ class Capacity:
 
 
 @dataclass(frozen=True, slots=True)
+class Arrivals:
+    """Work expected to arrive while the queue drains: per level, one review every
+    `every_s[level]` seconds, each made of `calls[level]`."""
+
+    every_s: Mapping[Level, float]
+    calls: Mapping[Level, tuple[QueuedCall, ...]]
+    horizon_s: float = 4 * 3600.0  # nothing is assumed to arrive later than this
+    max_reviews: int = 3000  # nor more than this many reviews in all
+
+
+@dataclass(frozen=True, slots=True)
 class Estimate:
     """Where one job stands: its place among jobs not started, and when it starts and ends."""
 
@@ -87,11 +98,17 @@ class _Progress:
     finish: float = 0.0
 
 
-def estimate_queue(jobs: Sequence[JobLoad], capacity: Capacity) -> dict[int, Estimate]:
-    """Place, expected start and expected end (seconds from now) of every job given."""
+_Queues = dict[Level, list[tuple[float, int, float]]]  # per level, a heap of (rank, job, seconds)
+
+
+def estimate_queue(
+    jobs: Sequence[JobLoad], capacity: Capacity, arrivals: Arrivals | None = None
+) -> dict[int, Estimate]:
+    """Place, expected start and expected end (seconds from now) of every job given; with
+    `arrivals`, while the work expected to arrive meanwhile competes for the slots."""
     settings = capacity.mlfq
     short_s = settings.short_work_s
-    queues: dict[Level, deque[tuple[float, int, float]]] = {}
+    queues: _Queues = {}
     counts = _Counts([0] * 4, [0] * 4, [0] * 4, [0] * 4)
     progress = {job.job_id: _Progress(start=0.0 if job.started else None) for job in jobs}
     running: list[tuple[float, int, int, Level, bool]] = []
@@ -103,7 +120,7 @@ def estimate_queue(jobs: Sequence[JobLoad], capacity: Capacity) -> dict[int, Est
             if job.level == level
             for call in job.queued
         )
-        queues[level] = deque(calls)
+        queues[level] = calls  # sorted: a heap already
         counts.ready[level] = len(calls)
         counts.ready_new_work[level] = sum(1 for rank, _, _ in calls if is_new_work(rank))
         counts.ready_short_work[level] = sum(1 for rank, _, _ in calls if rank <= short_s)
@@ -116,9 +133,17 @@ def estimate_queue(jobs: Sequence[JobLoad], capacity: Capacity) -> dict[int, Est
             counts.running_long_work += int(long_call)
             progress[job.job_id].finish = max(progress[job.job_id].finish, end)
     heapq.heapify(running)
+    real_left = sum(len(job.queued) + len(job.running_s) for job in jobs)
+    stream = _Stream(arrivals)
     now = 0.0
-    while True:
+    while real_left > 0:
         _fill(queues, counts, running, progress, capacity, now, order)
+        next_done = running[0][0] if running else float("inf")
+        arriving = stream.next_at()
+        if arriving is not None and arriving[0] < next_done:
+            now, level = arriving
+            stream.arrive(level, queues, counts, progress, short_s)
+            continue
         if not running:
             if any(queues.values()):
                 # Nothing the scheduler would start and nothing running: start the most urgent
@@ -127,14 +152,58 @@ def estimate_queue(jobs: Sequence[JobLoad], capacity: Capacity) -> dict[int, Est
                 _start(level, queues, counts, running, progress, capacity, now, order)
                 continue
             break
-        now, _, _, level, long_call = heapq.heappop(running)
+        now, _, job_id, level, long_call = heapq.heappop(running)
         counts.running[level] -= 1
         counts.running_long_work -= int(long_call)
+        if job_id >= 0:
+            real_left -= 1
     return _estimates(jobs, progress)
 
 
+class _Stream:
+    """The arrivals a dry run plays: each level's next review, at its own pace."""
+
+    def __init__(self, arrivals: Arrivals | None) -> None:
+        self.arrivals = arrivals
+        self.next: dict[Level, float] = {}
+        if arrivals is not None:
+            self.next = {
+                level: every
+                for level, every in arrivals.every_s.items()
+                if every > 0 and arrivals.calls.get(level)
+            }
+        self.count = 0
+        self.ids = itertools.count(-1, -1)  # arrivals are not jobs of the queue: negative ids
+
+    def next_at(self) -> tuple[float, Level] | None:
+        if not self.next or self.arrivals is None or self.count >= self.arrivals.max_reviews:
+            return None
+        level = min(self.next, key=lambda key: (self.next[key], key))
+        at = self.next[level]
+        return None if at > self.arrivals.horizon_s else (at, level)
+
+    def arrive(
+        self,
+        level: Level,
+        queues: _Queues,
+        counts: _Counts,
+        progress: dict[int, _Progress],
+        short_s: float,
+    ) -> None:
+        assert self.arrivals is not None
+        self.next[level] += self.arrivals.every_s[level]
+        self.count += 1
+        job_id = next(self.ids)
+        progress[job_id] = _Progress()
+        for call in self.arrivals.calls[level]:
+            heapq.heappush(queues[level], (call.rank, job_id, max(0.0, call.seconds)))
+            counts.ready[level] += 1
+            counts.ready_new_work[level] += int(is_new_work(call.rank))
+            counts.ready_short_work[level] += int(call.rank <= short_s)
+
+
 def _fill(
-    queues: dict[Level, deque[tuple[float, int, float]]],
+    queues: _Queues,
     counts: _Counts,
     running: list[tuple[float, int, int, Level, bool]],
     progress: dict[int, _Progress],
@@ -172,7 +241,7 @@ def _fill(
 
 def _start(
     level: Level,
-    queues: dict[Level, deque[tuple[float, int, float]]],
+    queues: _Queues,
     counts: _Counts,
     running: list[tuple[float, int, int, Level, bool]],
     progress: dict[int, _Progress],
@@ -180,7 +249,7 @@ def _start(
     now: float,
     order: itertools.count[int],
 ) -> None:
-    rank, job_id, seconds = queues[level].popleft()
+    rank, job_id, seconds = heapq.heappop(queues[level])
     short_s = capacity.mlfq.short_work_s
     counts.ready[level] -= 1
     if is_new_work(rank):
@@ -216,4 +285,4 @@ def _estimates(jobs: Sequence[JobLoad], progress: dict[int, _Progress]) -> dict[
     }
 
 
-__all__ = ["Capacity", "Estimate", "JobLoad", "QueuedCall", "estimate_queue"]
+__all__ = ["Arrivals", "Capacity", "Estimate", "JobLoad", "QueuedCall", "estimate_queue"]

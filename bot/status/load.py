@@ -10,7 +10,7 @@ from datetime import datetime
 from bot.model import Level
 from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET
 from bot.sched.mlfq import Rank, ServiceEstimator, expected_chunk_s
-from bot.status.eta import JobLoad, QueuedCall
+from bot.status.eta import Arrivals, JobLoad, QueuedCall
 
 # A review whose size is not known yet (a GitLab hook carries none) is planned as this many lines.
 UNKNOWN_SIZE_LINES = 200
@@ -86,4 +86,37 @@ def _unplanned(calls: LiveCalls, *, estimator: ServiceEstimator) -> JobLoad:
     return JobLoad(calls.job_id, calls.level, started=False, queued=tuple(queued))
 
 
-__all__ = ["UNKNOWN_SIZE_LINES", "LiveCalls", "call_seconds", "job_load"]
+# How far back the recent stream of each level is read, and how many reviews make one.
+ARRIVALS_WINDOW_S = 900.0
+MIN_ARRIVALS = 3
+
+
+def arrivals_of(
+    recent: Sequence[tuple[Level, int | None]],
+    *,
+    window_s: float = ARRIVALS_WINDOW_S,
+    estimator: ServiceEstimator,
+) -> Arrivals | None:
+    """The stream the last `window_s` brought (each review's level and size), as a dry run
+    plays it on for as long again: per level with at least MIN_ARRIVALS reviews, one of the
+    median size every window / count seconds. None when nothing arrives often enough."""
+    sizes: dict[Level, list[int]] = {}
+    for level, lines in recent:
+        sizes.setdefault(level, []).append(lines if lines else UNKNOWN_SIZE_LINES)
+    every: dict[Level, float] = {}
+    calls: dict[Level, tuple[QueuedCall, ...]] = {}
+    for level, found in sizes.items():
+        if len(found) < MIN_ARRIVALS:
+            continue
+        typical = sorted(found)[len(found) // 2]
+        every[level] = window_s / len(found)
+        unplanned = LiveCalls(
+            job_id=0, level=level, started=False, planned=False, total_lines=0,
+            request_lines=typical,
+        )  # fmt: skip
+        calls[level] = _unplanned(unplanned, estimator=estimator).queued
+    # The stream is assumed to go on only as long as it was watched: a burst ends.
+    return Arrivals(every, calls, horizon_s=window_s) if every else None
+
+
+__all__ = ["UNKNOWN_SIZE_LINES", "LiveCalls", "arrivals_of", "call_seconds", "job_load"]

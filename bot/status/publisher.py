@@ -37,6 +37,7 @@ from bot.forges.statuses import (
 from bot.model import JobState, Level
 from bot.sched.mlfq import ServiceEstimator
 from bot.status import publisher_sql as sql
+from bot.status.calibrate import EtaLearner
 from bot.status.decide import (
     DEFAULT_NEUTRAL_AT,
     NEWS_FREE,
@@ -47,9 +48,9 @@ from bot.status.decide import (
     state_of,
     updates_left,
 )
-from bot.status.eta import Capacity, Estimate, estimate_queue
-from bot.status.load import LiveCalls, job_load
+from bot.status.eta import Capacity
 from bot.status.render import StatusFacts, render_status
+from bot.status.standing import EtaModel, save_model, standings
 
 log = logging.getLogger(__name__)
 
@@ -113,42 +114,6 @@ def previous_report(row: Any) -> tuple[StatusReport | None, datetime | None]:
     return report, row.status_published_at
 
 
-def live_calls(row: Any) -> LiveCalls:
-    """A live-jobs row as the ETA's loader takes it."""
-    request_lines = None
-    if row.additions is not None and row.deletions is not None:
-        request_lines = int(row.additions) + int(row.deletions)
-    return LiveCalls(
-        job_id=int(row.id),
-        level=Level(row.level),
-        started=bool(row.started),
-        planned=bool(row.planned),
-        total_lines=int(row.total_lines or 0),
-        request_lines=request_lines,
-        queued_ranks=tuple(row.queued_ranks or ()),
-        queued_lines=tuple(row.queued_lines or ()),
-        running_lines=tuple(row.running_lines or ()),
-        running_started=tuple(row.running_started or ()),
-        done_lines=int(row.done_lines or 0),
-        done_calls=int(row.done_calls or 0),
-        done_gpu_s=float(row.done_gpu_s or 0.0),
-    )
-
-
-async def fetch_live_rows(engine: AsyncEngine) -> list[Any]:
-    """Every live job with its calls and its last written status."""
-    async with engine.connect() as conn:
-        return list((await conn.execute(sql.SELECT_LIVE_JOBS)).all())
-
-
-def estimate_rows(
-    rows: Sequence[Any], *, capacity: Capacity, estimator: ServiceEstimator, now: datetime
-) -> dict[int, Estimate]:
-    """Place, start and end of every live job in `rows`."""
-    loads = [job_load(live_calls(row), estimator=estimator, now=now) for row in rows]
-    return estimate_queue(loads, capacity)
-
-
 class StatusPublisher:
     """Writes each review's check run or commit status when it is worth writing."""
 
@@ -173,11 +138,13 @@ class StatusPublisher:
         # When each forge's news-only writes of the last hour went out (in memory: a restart
         # grants a fresh hour, which is at most one hour's budget twice).
         self.news_written: dict[str, deque[datetime]] = {}
+        # What the ETA learnt of its misses (in memory: a new leader starts from the dry run).
+        self.learner = EtaLearner()
         self.attempt = 0  # the attempt at the publisher's lease this pass runs as
 
-    async def live_rows(self) -> list[Any]:
-        """Every live job with its calls and its last written status."""
-        return await fetch_live_rows(self.engine)
+    def model(self) -> EtaModel:
+        """What this publisher estimates with now."""
+        return EtaModel(self.capacity, self.estimator(), self.learner.calibration)
 
     async def _owed_rows(self) -> list[Any]:
         async with self.engine.connect() as conn:
@@ -266,14 +233,21 @@ class StatusPublisher:
         return updates_left(recent, now=now, per_hour=self.settings.rules.updates_per_hour) > 0
 
     async def _due(self, now: datetime, result: PassResult) -> list[_Due]:
-        rows = [row for row in await self.live_rows() if row.forge in self.forges]
+        model = self.model()
+        await save_model(self.engine, model, now=now)  # /review status and the dashboard read it
+        standing = await standings(self.engine, model, now=now)
+        for row in standing.rows:
+            job_id = int(row.id)
+            self.learner.promise(
+                job_id, Level(row.level), given_at=now, finish_in_s=standing.raw[job_id].finish_in_s
+            )
+        rows = [row for row in standing.rows if row.forge in self.forges]
         result.live = len(rows)
-        estimates = estimate_rows(rows, capacity=self.capacity, estimator=self.estimator(), now=now)
         due: list[_Due] = []
         for row in rows:
             if self._is_muted(row, now):
                 continue
-            estimate = estimates[int(row.id)]
+            estimate = standing.estimates[int(row.id)]
             state = state_of(JobState(row.state), started=bool(row.started))
             report = StatusReport(
                 state=state,
@@ -286,6 +260,10 @@ class StatusPublisher:
             facts = self._facts(row, start_at=now + timedelta(seconds=estimate.start_in_s))
             self._consider(due, row, report, facts, now)
         for row in await self._owed_rows():
+            if JobState(row.state) == JobState.DONE and row.finished_at is not None:
+                self.learner.finished(int(row.id), row.finished_at)
+            else:
+                self.learner.forget(int(row.id))
             if row.forge not in self.forges:
                 await self._settle(row)  # no client for it: nobody can write it
                 continue
@@ -531,8 +509,5 @@ __all__ = [
     "StatusPublisher",
     "StatusSettings",
     "StatusWriter",
-    "estimate_rows",
-    "fetch_live_rows",
-    "live_calls",
     "previous_report",
 ]

@@ -44,19 +44,46 @@ SELECT_LIVE_JOBS = text(
     """
 )
 
+# The reviews that arrived in a recent window: level and size, what the ETA expects more of.
+SELECT_RECENT_ARRIVALS = text(
+    """
+    SELECT level, COALESCE(NULLIF(total_lines, 0), additions + deletions) AS lines
+    FROM review_jobs
+    WHERE enqueued_at > :since AND enqueued_at <= :now
+    """
+)
+
+# The model the publisher estimates with, kept for every other process (one row per name).
+UPSERT_ETA_MODEL = text(
+    """
+    INSERT INTO eta_model (name, model, updated_at) VALUES (:name, CAST(:model AS jsonb), :now)
+    ON CONFLICT (name) DO UPDATE SET model = EXCLUDED.model, updated_at = EXCLUDED.updated_at
+    """
+)
+SELECT_ETA_MODEL = text("SELECT model FROM eta_model WHERE name = :name")
+
 # Ended jobs whose final status is owed (the outbox a trigger on review_jobs fills when a job
 # ends; a Re-run marks its row `republish`), oldest end first.
 SELECT_OWED = text(
     f"""
     SELECT j.id, j.forge, j.repo, j.number, j.head_sha, j.installation_id, j.project_id,
            j.level, j.state, j.reasons, j.review, j.last_error, j.chunks_total, j.chunks_done,
-           j.enqueued_at, j.request->>'web_url' AS web_url, o.republish,
+           j.enqueued_at, j.finished_at, j.request->>'web_url' AS web_url, o.republish,
            {_REPORT_COLUMNS}
     FROM status_outbox o JOIN review_jobs j ON j.id = o.job_id
     LEFT JOIN status_reports s ON s.job_id = j.id
     WHERE j.state IN ('done', 'failed', 'dead', 'superseded', 'cancelled')
     ORDER BY j.finished_at, j.id
     LIMIT :limit
+    """
+)
+
+# Which of these jobs ended, how and when (what the ETA learns from, outside the publisher).
+SELECT_ENDED_AMONG = text(
+    """
+    SELECT id, state, finished_at FROM review_jobs
+    WHERE id = ANY(CAST(:ids AS bigint[]))
+      AND state IN ('done', 'failed', 'dead', 'superseded', 'cancelled')
     """
 )
 
