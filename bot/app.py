@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 
 from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock, SystemClock
 from bot.commands.worker import setup_commands
@@ -13,12 +15,16 @@ from bot.config import Settings
 from bot.errors import ConfigError, StoreError, StoreUnavailable, WebhookError
 from bot.forges.base import ForgeClient
 from bot.intake.app import IntakeConfig, setup_intake
+from bot.model import Level
 from bot.obs.alerts import setup_alerts
-from bot.obs.dashboard import setup_admin
+from bot.obs.dashboard import QueuedReview, StandingsReader, setup_admin
 from bot.obs.liveness import stale_after
 from bot.obs.metrics import Metrics, metrics_exposure, setup_metrics
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueSettings, QueueStore
+from bot.status.eta import Capacity
+from bot.status.render import about, ordinal
+from bot.status.standing import EtaModel, read_standings
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +36,30 @@ CLOCK_KEY = web.AppKey("clock", Clock)
 RETRY_AFTER_S = 30
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def next_up_reader(engine: AsyncEngine, *, slots: int) -> StandingsReader:
+    """The dashboard's list of waiting reviews, from the status publisher's own standings."""
+    fallback = EtaModel(Capacity(slots=max(1, slots)))
+
+    async def read(now: datetime) -> list[QueuedReview]:
+        found = await read_standings(engine, now=now, fallback=fallback)
+        return [
+            QueuedReview(
+                job_id=int(row.id),
+                forge=str(row.forge),
+                repo=str(row.repo),
+                number=int(row.number),
+                level=Level(row.level),
+                place=place,
+                place_text=ordinal(place),
+                eta_text=f"review in about {about(found.estimates[int(row.id)].finish_in_s)}",
+            )
+            for row in found.rows
+            if (place := found.estimates[int(row.id)].place) is not None
+        ]
+
+    return read
 
 
 def create_app(
@@ -94,6 +124,7 @@ def create_app(
         thresholds=settings.alerts.threshold_s,
         dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
         trust_forwarded_proto=settings.trust_forwarded_proto,
+        standings=next_up_reader(store.engine, slots=settings.scheduler.workers),
     )
     setup_alerts(
         app,

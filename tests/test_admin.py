@@ -30,7 +30,7 @@ from bot.obs.dashboard import (
     wait_series,
 )
 from bot.queue.store import QueueStore
-from tests.factories import decide, make_request
+from tests.factories import decide, make_request, plans
 from tests.obs_helpers import replayed_database
 
 TOKEN = "admin-token-for-tests-0123456789"
@@ -145,6 +145,31 @@ async def test_create_app_mounts_admin(aiohttp_client: ClientMaker, store: Queue
     assert (await client.get("/admin")).status == 401
     authorized = await client.get("/admin", headers={"Authorization": f"Bearer {TOKEN}"})
     assert authorized.status == 200
+
+
+async def test_the_dashboard_lists_waiting_reviews_with_their_status_place_and_eta(
+    aiohttp_client: ClientMaker, store: QueueStore
+) -> None:
+    """Next up: the reviews not started yet, by place, with the ETA their statuses give (the
+    status publisher's standings, read back with its model, or the slots configured before)."""
+    clock = VirtualClock()
+    settings = Settings(github_webhook_secret="s", gitlab_webhook_token="t", admin_token=TOKEN)
+    for number in range(1, 12):
+        submitted = await store.submit_request(
+            make_request(number=number), decide(), now=clock.now()
+        )
+        assert submitted.job_id is not None
+        await store.plan_job(submitted.job_id, plans(40), now=clock.now())
+    client = await aiohttp_client(create_app(settings, store=store, clock=clock))
+    page = await (await client.get("/admin", headers={"Authorization": f"Bearer {TOKEN}"})).text()
+    table = page.split('id="next-up"')[1].split("</table>")[0]
+    rows = re.findall(r"<tr><td>(\w+)</td><td>(P\d)</td><td>([^<]+)</td><td>([^<]+)</td>", table)
+    # Eight slots: eleven reviews of one call each, the first eight start at once.
+    assert [place for place, *_ in rows] == [
+        "1st", "2nd", "3rd", "4th", "5th", "6th", "7th", "8th", "9th", "10th", "11th"
+    ]  # fmt: skip
+    assert all(eta.startswith("review in about ") for *_, eta in rows)
+    assert rows[-1][3] != rows[0][3]  # the last three wait for the first wave
 
 
 # --- headless Chromium ---------------------------------------------------------------------

@@ -450,10 +450,8 @@ async def test_status_says_the_place_and_eta_the_commit_status_says(harness: Har
     )
     await statuses.publish_once(harness.clock.now())
     last = numbers[-1]
-    [written] = [
-        r.data for r in harness.state.posted(forge="github", kind="commit_status")
-        if r.data["sha"] == harness.state.get_pull("github", REPO, last).newest.head_sha
-    ]  # fmt: skip
+    head = harness.state.get_pull("github", REPO, last).newest.head_sha
+    [written] = [item for item in harness.state.commit_statuses if item["sha"] == head]
     place, eta = written["description"].split(" · ")[1:3]
     assert place == "12th in line" and eta.startswith("review in about ")
     await harness.comment(last, "/review status", user="anyone")

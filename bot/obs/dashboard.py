@@ -14,8 +14,8 @@ import html
 import itertools
 import math
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -86,6 +86,26 @@ class EngineWork:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuedReview:
+    """A review not started yet, with the place and ETA in the words its status gives them."""
+
+    job_id: int
+    forge: str
+    repo: str
+    number: int
+    level: Level
+    place: int
+    place_text: str  # "4th"
+    eta_text: str  # "review in about 1 min"
+
+
+# Where the reviews not started yet stand, read at `now` (the status publisher's own function,
+# given by the composition root: monitoring imports nothing of the scheduler).
+StandingsReader = Callable[[datetime], Awaitable[Sequence[QueuedReview]]]
+NEXT_UP = 20  # reviews listed
+
+
+@dataclass(frozen=True, slots=True)
 class DashboardView:
     """Everything the page shows, read at one instant."""
 
@@ -98,6 +118,7 @@ class DashboardView:
     liveness: Liveness | None = None
     engines: Sequence[EngineWork] = field(default_factory=list)
     engines_since: datetime | None = None  # the window the engine work covers
+    next_up: Sequence[QueuedReview] = field(default_factory=list)
 
 
 async def read_dashboard(
@@ -376,6 +397,21 @@ def _stats_rows(view: DashboardView) -> str:
     return "".join(rows)
 
 
+def _next_up(reviews: Sequence[QueuedReview]) -> str:
+    if not reviews:
+        return '<p class="muted" id="next-up">No review is waiting.</p>'
+    rows = "".join(
+        f"<tr><td>{_e(item.place_text)}</td><td>{_e(item.level)}</td>"
+        f"<td>{_e(item.repo)}#{item.number} ({_e(item.forge)}, job {item.job_id})</td>"
+        f"<td>{_e(item.eta_text)}</td></tr>"
+        for item in sorted(reviews, key=lambda item: item.place)[:NEXT_UP]
+    )
+    return (
+        '<table id="next-up"><tr><th>place</th><th>level</th><th>review</th><th>ETA</th></tr>'
+        f"{rows}</table>"
+    )
+
+
 def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
     if not alerts:
         return '<tr><td colspan="5">no alerts</td></tr>'
@@ -468,6 +504,9 @@ th {{ background: #f3f3f3; text-align: left; }} .row {{ display: flex; gap: 24px
 <table id="queue-now"><tr><th></th>{header}</tr>
 <tr><th>waiting jobs</th>{waiting}</tr><tr><th>ready chunks</th>{ready}</tr>
 <tr><th>oldest wait</th>{oldest}</tr></table></div></div>
+<h2>Next up</h2>
+<p class="muted">Place and ETA as each review's check run or commit status gives them.</p>
+{_next_up(view.next_up)}
 <h2>Waits per level over time</h2>
 {waits_chart}
 <div class="row"><div>
@@ -502,6 +541,7 @@ class AdminConfig:
     thresholds: Mapping[Level, float]
     dispatcher_stale_s: float = stale_after(30.0)
     trust_forwarded_proto: bool = False
+    standings: StandingsReader | None = None
 
 
 ADMIN_KEY = web.AppKey("admin_config", AdminConfig)
@@ -570,6 +610,8 @@ async def handle_admin(request: web.Request) -> web.StreamResponse:
         thresholds=config.thresholds,
         dispatcher_stale_s=config.dispatcher_stale_s,
     )
+    if config.standings is not None:
+        view = replace(view, next_up=await config.standings(view.now))
     return web.Response(text=render_dashboard(view), content_type="text/html", headers=_HEADERS)
 
 
@@ -582,14 +624,17 @@ def setup_admin(
     thresholds: Mapping[Level, float] | None = None,
     dispatcher_stale_s: float = stale_after(30.0),
     trust_forwarded_proto: bool = False,
+    standings: StandingsReader | None = None,
 ) -> None:
-    """Add `GET /admin`, reading the queue through `engine`."""
+    """Add `GET /admin`, reading the queue through `engine` (and where reviews stand through
+    `standings`)."""
     app[ADMIN_KEY] = AdminConfig(
         engine=engine,
         clock=clock,
         admin_token=admin_token or None,
         dispatcher_stale_s=dispatcher_stale_s,
         trust_forwarded_proto=trust_forwarded_proto,
+        standings=standings,
         thresholds=dict(
             thresholds
             if thresholds is not None
