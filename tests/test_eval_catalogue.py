@@ -8,6 +8,7 @@ import pytest
 
 from bot.eval.catalogue import CATALOGUE, PATTERNS, find_sites, python_parser
 from bot.eval.plant import apply_edits
+from bot.eval.syntax import grammar_of, parser_for
 
 
 def mutations(pattern: str, code: str) -> list[tuple[str, str]]:
@@ -212,3 +213,124 @@ def test_patterns_ignore_what_they_must_not_touch() -> None:
     assert mutations("wrong_variable", code) == []  # one parameter: nothing to confuse it with
     assert mutations("dropped_await", code) == []
     assert set(PATTERNS) == {pattern.name for pattern in CATALOGUE}
+
+
+def test_files_are_planted_in_by_their_suffix() -> None:
+    assert [grammar_of(name) for name in ("a.py", "b.ts", "c.tsx", "d.mjs", "e.JS", "f.go")] == [
+        "python",
+        "typescript",
+        "tsx",
+        "javascript",
+        "javascript",
+        None,
+    ]
+
+
+def js_mutations(pattern: str, code: str, grammar: str = "typescript") -> list[str]:
+    """The planted line of each site of a pattern in JavaScript or TypeScript code."""
+    source = textwrap.dedent(code).encode()
+    parser = parser_for(grammar)
+    root = parser.parse(source).root_node
+    planted = []
+    for site in find_sites(root, source, [pattern], family="javascript")[pattern]:
+        mutated = apply_edits(source, site.edits)
+        assert not parser.parse(mutated).root_node.has_error, mutated.decode()
+        shift = sum(
+            len(edit.text) - (edit.end - edit.start)
+            for edit in site.edits
+            if edit.end <= site.focus and not edit.start == edit.end == site.focus
+        )
+        row = mutated.count(b"\n", 0, site.focus + shift)
+        planted.append(mutated.decode().split("\n")[row].strip())
+    return planted
+
+
+JS_CASES = [
+    (
+        "inverted_condition",
+        """
+        function f(a: number, b: number) {
+          if (a === b) return 1;
+          while (!done(a)) a++;
+          if (ready(a)) go();
+        }
+        """,
+        ["if (a !== b) return 1;", "while (done(a)) a++;", "if (!(ready(a))) go();"],
+    ),
+    ("off_by_one", "for (let i = 0; i < n; i++) {}\n", ["for (let i = 0; i <= n; i++) {}"]),
+    (
+        "swapped_arguments",
+        "const x = pow(a, b) + g(a, a) + h(...rest, a);\n",
+        ["const x = pow(b, a) + g(a, a) + h(...rest, a);"],
+    ),
+    (
+        "dropped_await",
+        "async function f(c) {\n  const body = await c.get('/');\n}\n",
+        ["const body = c.get('/');"],
+    ),
+    (
+        "removed_none_check",
+        """
+        function f(row, cache) {
+          if (row === null) {
+            return 0;
+          }
+          const value = row[0];
+          if (value > 3) return 1;
+          if (!cache) throw new Error("empty");
+          return cache[value];
+        }
+        """,
+        ["const value = row[0];", "return cache[value];"],
+    ),
+    (
+        "wrong_variable",
+        "const area = (width, height) => { return width * 2; };\n",
+        ["const area = (width, height) => { return height * 2; };"],
+    ),
+    (
+        "early_return",
+        "function f(path) {\n  const data = read(path);\n  check(data);\n  save(data);\n}\n",
+        ["return;"],
+    ),
+    (
+        "swallowed_exception",
+        """
+        function f(path) {
+          try {
+            return read(path);
+          } catch (err) {
+            log(err);
+            throw new Broken(path);
+          }
+        }
+        """,
+        ["} catch (err) {}"],
+    ),
+    (
+        "string_built_sql",
+        """
+        async function f(db, sku) {
+          await db.query("SELECT * FROM t WHERE sku = $1", [sku]);
+          await db.query("SELECT * FROM t WHERE name = :name", { name });
+          log("SELECT ?", sku);
+        }
+        """,
+        [
+            "await db.query(`SELECT * FROM t WHERE sku = ${sku}`, [sku]);",
+            "await db.query(`SELECT * FROM t WHERE name = ${name}`, { name });",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("pattern", "code", "planted"), JS_CASES, ids=[c[0] for c in JS_CASES])
+def test_javascript_and_typescript_sites(pattern: str, code: str, planted: list[str]) -> None:
+    assert js_mutations(pattern, code) == planted
+    if ": number" not in code:
+        assert js_mutations(pattern, code, "javascript") == planted
+
+
+def test_a_pattern_without_a_finder_for_a_language_has_no_sites() -> None:
+    code = "const f = async (p) => { const h = await open(p); };\n"
+    assert js_mutations("resource_not_closed", code) == []

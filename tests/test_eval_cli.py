@@ -26,8 +26,8 @@ def run_eval(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def eval_json(*args: str) -> dict[str, Any]:
-    done = run_eval("--repo", str(REPO), "--json", *args)
+def eval_json(*args: str, repo: Path = REPO) -> dict[str, Any]:
+    done = run_eval("--repo", str(repo), "--json", *args)
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
     return report
@@ -89,3 +89,21 @@ def test_the_text_report_and_bad_input() -> None:
     assert zero.returncode == 2 and "at least 1" in zero.stderr
     empty = run_eval("--repo", str(REPO / "inventory" / "__init__.py"))
     assert empty.returncode == 2
+
+
+def test_javascript_and_typescript_code_is_planted_in_and_reviewed() -> None:
+    report = eval_json(
+        "--mutants",
+        "24",
+        "--seed",
+        "3",
+        "--llm",
+        "oracle",
+        repo=ROOT / "tests" / "data" / "eval_repo_js",
+    )
+    assert report["mutants"] == 24
+    assert {review["path"].rsplit(".", 1)[1] for review in report["reviews"]} == {"ts", "js"}
+    # Nine patterns have JavaScript finders; a with-block has no JavaScript counterpart.
+    assert "resource_not_closed" not in report["per_pattern"]
+    assert len(report["per_pattern"]) == 9
+    assert report["recall"] >= 0.98 and report["exact_line_rate"] >= 0.99

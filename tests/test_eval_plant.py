@@ -14,6 +14,7 @@ from bot.diff import parse_hunks
 from bot.eval.catalogue import CATALOGUE, python_parser
 from bot.eval.plant import Mutant, SourceFile, plant_mutants, unified_patch
 from bot.eval.sources import read_sources
+from bot.eval.syntax import grammar_of, parser_for
 
 REPO = Path(__file__).parent / "data" / "eval_repo"
 
@@ -152,3 +153,19 @@ def test_sources_are_tracked_python_files_or_a_walk_without_environments(tmp_pat
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "add", "pkg/a.py", ".venv/lib/b.py"], check=True)
     assert [file.path for file in read_sources(tmp_path)] == [".venv/lib/b.py", "pkg/a.py"]
+
+
+def test_javascript_and_typescript_mutants_rebuild_and_parse() -> None:
+    files = read_sources(REPO.parent / "eval_repo_js")
+    by_path = {file.path: file.text for file in files}
+    mutants = plant_mutants(files, count=20, seed=2)
+    assert len(mutants) == 20
+    for mutant in mutants:
+        mutated = rebuild(by_path[mutant.path], mutant.patch)
+        assert mutated == mutant.head_text
+        assert mutated.split("\n")[mutant.first_line - 1] == mutant.quote
+        grammar = grammar_of(mutant.path)
+        assert grammar is not None
+        assert not parser_for(grammar).parse(mutated.encode()).root_node.has_error
+        assert mutant.distractor_line is not None
+        assert new_file_lines(mutant)[mutant.distractor_line][1].strip().startswith("// ")

@@ -1,4 +1,5 @@
-"""The bugs `bot eval` plants: classic patterns, each a finder of sites in a Python syntax tree.
+"""The bugs `bot eval` plants: classic patterns, each with finders of its sites in syntax trees
+(Python here; JavaScript and TypeScript in bot/eval/catalogue_js.py).
 
 A site is a set of byte edits to one file that plants one bug, plus the byte whose line the bug
 is about (the line a reviewer should comment on). Finders are pure functions of the source and
@@ -9,83 +10,41 @@ re-parses the result and drops any that do not).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from tree_sitter import Node, Parser
-from tree_sitter_language_pack import get_parser
 
+from bot.eval import catalogue_js as js
+from bot.eval.syntax import (
+    Edit,
+    Site,
+    indentation,
+    line_end,
+    line_start,
+    parser_for,
+    single_line,
+    starts_its_line,
+    text_of,
+    walk,
+)
 
-@dataclass(frozen=True, slots=True)
-class Edit:
-    """Replace source bytes [start, end) with `text`."""
-
-    start: int
-    end: int
-    text: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Site:
-    """One place a pattern can plant its bug: the edits and the byte the bug is about."""
-
-    pattern: str
-    edits: tuple[Edit, ...]
-    focus: int  # a byte of the original source on the planted line
+Finder = Callable[[Node, bytes], Iterator[Site]]
 
 
 @dataclass(frozen=True, slots=True)
 class Pattern:
-    """A bug pattern: its name, what a reviewer would say about it, and its site finder."""
+    """A bug pattern: its name, what a reviewer would say about it, and its site finder for
+    each language family it has one for."""
 
     name: str
     finding: str
-    find: Callable[[Node, bytes], Iterator[Site]]
+    finders: Mapping[str, Finder]
 
 
 def python_parser() -> Parser:
-    """A tree-sitter parser for Python (the grammars ship inside tree-sitter-language-pack)."""
-    return get_parser("python")
-
-
-def walk(node: Node) -> Iterator[Node]:
-    """Every node under `node`, depth first, in source order."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(reversed(current.children))
-
-
-def text_of(node: Node) -> bytes:
-    return node.text or b""
-
-
-def single_line(node: Node) -> bool:
-    return node.start_point[0] == node.end_point[0]
-
-
-def line_start(source: bytes, offset: int) -> int:
-    """The byte offset where the line holding `offset` begins."""
-    return source.rfind(b"\n", 0, offset) + 1
-
-
-def line_end(source: bytes, offset: int) -> int:
-    """The byte offset of the newline ending the line holding `offset` (or the end)."""
-    end = source.find(b"\n", offset)
-    return len(source) if end == -1 else end
-
-
-def indentation(source: bytes, offset: int) -> bytes:
-    """The leading blanks of the line holding `offset`."""
-    start = line_start(source, offset)
-    line = source[start : line_end(source, offset)]
-    return line[: len(line) - len(line.lstrip(b" \t"))]
-
-
-def starts_its_line(source: bytes, node: Node) -> bool:
-    """The node is the first thing on its line."""
-    return not source[line_start(source, node.start_byte) : node.start_byte].strip()
+    """A tree-sitter parser for Python."""
+    return parser_for("python")
 
 
 def operator_of(node: Node) -> Node | None:
@@ -479,60 +438,65 @@ CATALOGUE: tuple[Pattern, ...] = (
     Pattern(
         "inverted_condition",
         "This condition is inverted: the branch now runs exactly when it should not.",
-        find_inverted_condition,
+        {"python": find_inverted_condition, "javascript": js.find_inverted_condition},
     ),
     Pattern(
         "off_by_one",
         "Off-by-one: this bound now includes (or excludes) one element too many.",
-        find_off_by_one,
+        {"python": find_off_by_one, "javascript": js.find_off_by_one},
     ),
     Pattern(
         "swapped_arguments",
         "The first two arguments are swapped; the callee expects them the other way round.",
-        find_swapped_arguments,
+        {"python": find_swapped_arguments, "javascript": js.find_swapped_arguments},
     ),
     Pattern(
         "dropped_await",
         "The coroutine is not awaited here, so it never runs and its result is a coroutine.",
-        find_dropped_await,
+        {"python": find_dropped_await, "javascript": js.find_dropped_await},
     ),
     Pattern(
         "removed_none_check",
         "The guard before this line was removed: a None or failed value now reaches it.",
-        find_removed_none_check,
+        {"python": find_removed_none_check, "javascript": js.find_removed_none_check},
     ),
     Pattern(
         "wrong_variable",
         "This reads the wrong variable: another parameter is used where this one was meant.",
-        find_wrong_variable,
+        {"python": find_wrong_variable, "javascript": js.find_wrong_variable},
     ),
     Pattern(
         "early_return",
         "This early return skips the rest of the function.",
-        find_early_return,
+        {"python": find_early_return, "javascript": js.find_early_return},
     ),
     Pattern(
         "swallowed_exception",
         "The exception is swallowed: the error is neither raised nor handled.",
-        find_swallowed_exception,
+        {"python": find_swallowed_exception, "javascript": js.find_swallowed_exception},
     ),
     Pattern(
         "resource_not_closed",
         "The resource is opened without a with block and never closed.",
-        find_resource_not_closed,
+        {"python": find_resource_not_closed},
     ),
     Pattern(
         "string_built_sql",
         "SQL is built by formatting a value into the query: SQL injection; bind it instead.",
-        find_string_built_sql,
+        {"python": find_string_built_sql, "javascript": js.find_string_built_sql},
     ),
 )
 PATTERNS: dict[str, Pattern] = {pattern.name: pattern for pattern in CATALOGUE}
 
 
 def find_sites(
-    root: Node, source: bytes, patterns: Sequence[str] | None = None
+    root: Node, source: bytes, patterns: Sequence[str] | None = None, *, family: str = "python"
 ) -> dict[str, list[Site]]:
-    """Every site of every pattern (or of the named ones) in one parsed file, in source order."""
+    """Every site of every pattern (or of the named ones) in one parsed file of a language
+    family, in source order (none for a pattern without a finder for that family)."""
     chosen = CATALOGUE if patterns is None else tuple(PATTERNS[name] for name in patterns)
-    return {pattern.name: list(pattern.find(root, source)) for pattern in chosen}
+    found: dict[str, list[Site]] = {}
+    for pattern in chosen:
+        finder = pattern.finders.get(family)
+        found[pattern.name] = list(finder(root, source)) if finder is not None else []
+    return found

@@ -53,10 +53,13 @@ def plant_in_repo(repo: Path, *, count: int, seed: int) -> list[Mutant]:
     """Mutants planted in the repository's Python files; raises ConfigError when none fit."""
     files = read_sources(repo)
     if not files:
-        raise ConfigError(f"--repo {repo}: no readable Python files (UTF-8, LF line ends)")
+        raise ConfigError(
+            f"--repo {repo}: no readable Python, JavaScript or TypeScript files "
+            "(UTF-8, LF line ends)"
+        )
     mutants = plant_mutants(files, count=count, seed=seed, accept=reviewable)
     if not mutants:
-        raise ConfigError(f"--repo {repo}: no site for any bug pattern in its Python files")
+        raise ConfigError(f"--repo {repo}: no site for any bug pattern in its source files")
     if len(mutants) < count:
         log.warning(
             "planted %d of %d bugs: %s has no more sites",

@@ -1,4 +1,5 @@
-"""Plant bugs from the catalogue into a repository's files, each as a pull request's diff.
+"""Plant bugs from the catalogue into a repository's files (Python, JavaScript, TypeScript),
+each as a pull request's diff.
 
 Pure and deterministic for a seed: the files come in as text, the mutants go out as unified
 diffs (GitHub's `patch` shape, hunks only) with the line each bug is on and a benign change
@@ -13,9 +14,10 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from tree_sitter import Node
+from tree_sitter import Node, Parser
 
-from bot.eval.catalogue import CATALOGUE, PATTERNS, Edit, Site, find_sites, python_parser, walk
+from bot.eval.catalogue import CATALOGUE, PATTERNS, find_sites
+from bot.eval.syntax import FAMILIES, LINE_COMMENT, Edit, Site, grammar_of, parser_for, walk
 
 # The scan for sites stops once every pattern has sites in this many more files than it needs
 # mutants (each mutant goes to another file while files last); scanning every file of a large
@@ -26,13 +28,15 @@ MAX_FILE_BYTES = 200_000
 # The benign change goes this many lines from the bug (nearer when the file has no such line).
 DISTRACTOR_NEAR = (4, 15)
 DISTRACTOR_COMMENTS = (
-    "# Kept in this order so the output stays stable between runs.",
-    "# See the module docstring for the format.",
-    "# Cheap enough to do on every call.",
-    "# Mirrors the behaviour of the previous release.",
-    "# Callers rely on this running before the return below.",
-    "# Named for readability; the value is used once.",
+    "Kept in this order so the output stays stable between runs.",
+    "See the module docstring for the format.",
+    "Cheap enough to do on every call.",
+    "Mirrors the behaviour of the previous release.",
+    "Callers rely on this running before the return below.",
+    "Named for readability; the value is used once.",
 )
+# Nodes whose children are statements, in the grammars planted in.
+STATEMENT_LISTS = ("block", "module", "statement_block", "program")
 
 Accept = Callable[[str, str], bool]
 
@@ -75,6 +79,7 @@ class Mutant:
 @dataclass(slots=True)
 class _Scanned:
     file: SourceFile
+    grammar: str
     source: bytes
     root: Node
     sites: dict[str, list[Site]] = field(default_factory=dict)
@@ -110,7 +115,7 @@ def statement_rows(root: Node, source: bytes) -> list[int]:
     """Rows where a statement of a block or of the module begins its line."""
     rows: set[int] = set()
     for node in walk(root):
-        if node.type not in ("block", "module"):
+        if node.type not in STATEMENT_LISTS:
             continue
         for child in node.named_children:
             start = source.rfind(b"\n", 0, child.start_byte) + 1
@@ -144,7 +149,8 @@ def distractor_edit(
     end = source.find(b"\n", start)
     line = source[start : len(source) if end == -1 else end]
     indent = line[: len(line) - len(line.lstrip(b" \t"))]
-    comment = rng.choice(DISTRACTOR_COMMENTS).encode()
+    marker = LINE_COMMENT[FAMILIES[scanned.grammar]]
+    comment = marker + b" " + rng.choice(DISTRACTOR_COMMENTS).encode()
     return Edit(start, start, indent + comment + b"\n"), row
 
 
@@ -153,7 +159,7 @@ def build_mutant(
     scanned: _Scanned,
     site: Site,
     rng: random.Random,
-    parser_check: Callable[[bytes], bool],
+    parser: Parser,
 ) -> Mutant | None:
     """The mutant a site plants (with its distractor), or None when the result does not parse."""
     distractor, distractor_row = distractor_edit(scanned, site, rng)
@@ -162,7 +168,7 @@ def build_mutant(
         mutated = apply_edits(scanned.source, edits)
     except ValueError:
         return None
-    if not parser_check(mutated):
+    if parser.parse(mutated).root_node.has_error:
         return None
     shift = sum(
         len(edit.text) - (edit.end - edit.start)
@@ -224,13 +230,13 @@ def plant_mutants(
     if unknown:
         raise ValueError(f"unknown pattern(s): {', '.join(unknown)}")
     rng = random.Random(seed)
-    parser = python_parser()
-
-    def parses(source: bytes) -> bool:
-        return not parser.parse(source).root_node.has_error
-
+    parsers: dict[str, Parser] = {}
     order = sorted(
-        (file for file in files if len(file.text.encode()) <= MAX_FILE_BYTES),
+        (
+            file
+            for file in files
+            if len(file.text.encode()) <= MAX_FILE_BYTES and grammar_of(file.path) is not None
+        ),
         key=lambda file: file.path,
     )
     rng.shuffle(order)
@@ -238,11 +244,14 @@ def plant_mutants(
     scanned: list[_Scanned] = []
     totals = dict.fromkeys(names, 0)
     for file in order[:MAX_SCANNED_FILES]:
+        grammar = grammar_of(file.path) or "python"
+        parser = parsers.setdefault(grammar, parser_for(grammar))
         source = file.text.encode()
         tree = parser.parse(source)
         if tree.root_node.has_error:
             continue
-        item = _Scanned(file, source, tree.root_node, find_sites(tree.root_node, source, names))
+        sites = find_sites(tree.root_node, source, names, family=FAMILIES[grammar])
+        item = _Scanned(file, grammar, source, tree.root_node, sites)
         scanned.append(item)
         for name in names:
             totals[name] += bool(item.sites[name])
@@ -269,7 +278,8 @@ def plant_mutants(
         pool.remove(entry)
         index, position = entry
         item = scanned[index]
-        mutant = build_mutant(len(mutants) + 1, item, item.sites[name][position], rng, parses)
+        site = item.sites[name][position]
+        mutant = build_mutant(len(mutants) + 1, item, site, rng, parsers[item.grammar])
         planted = mutant is not None and (accept is None or accept(mutant.path, mutant.patch))
         if planted and mutant is not None:
             mutants.append(mutant)

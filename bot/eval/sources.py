@@ -1,5 +1,6 @@
-"""Read a repository's Python files for `bot eval` (git's tracked files when it is a git work
-tree, else a walk that leaves out virtual environments, caches and hidden folders)."""
+"""Read a repository's source files for `bot eval` (the languages of bot.eval.syntax.GRAMMARS;
+git's tracked files when it is a git work tree, else a walk that leaves out virtual
+environments, dependencies, caches and hidden folders)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from bot.errors import ConfigError
 from bot.eval.plant import MAX_FILE_BYTES, SourceFile
+from bot.eval.syntax import GRAMMARS, grammar_of
 
 SKIPPED_DIRS = frozenset(
     {"__pycache__", "node_modules", "site-packages", "venv", "build", "dist", "env"}
@@ -15,10 +17,11 @@ SKIPPED_DIRS = frozenset(
 
 
 def tracked_files(repo: Path) -> list[str] | None:
-    """git's tracked *.py files of the work tree, or None when it is not one."""
+    """git's tracked source files of the work tree, or None when it is not one."""
+    patterns = [f"*{suffix}" for suffix in GRAMMARS]
     try:
         listed = subprocess.run(
-            ["git", "-C", str(repo), "ls-files", "-z", "--", "*.py"],
+            ["git", "-C", str(repo), "ls-files", "-z", "--", *patterns],
             capture_output=True,
             check=True,
             timeout=60,
@@ -29,9 +32,11 @@ def tracked_files(repo: Path) -> list[str] | None:
 
 
 def walked_files(repo: Path) -> list[str]:
-    """*.py files under `repo`, outside hidden, cache and environment folders."""
+    """Source files under `repo`, outside hidden, cache and environment folders."""
     found: list[str] = []
-    for path in repo.rglob("*.py"):
+    for path in repo.rglob("*"):
+        if grammar_of(path.name) is None:
+            continue
         parts = path.relative_to(repo).parts
         if any(part.startswith(".") or part in SKIPPED_DIRS for part in parts[:-1]):
             continue
@@ -40,7 +45,7 @@ def walked_files(repo: Path) -> list[str]:
 
 
 def read_sources(repo: Path) -> list[SourceFile]:
-    """The repository's Python files as text: UTF-8, LF line ends, at most MAX_FILE_BYTES each.
+    """The repository's source files as text: UTF-8, LF line ends, at most MAX_FILE_BYTES each.
     Raises ConfigError when `repo` is not a folder."""
     if not repo.is_dir():
         raise ConfigError(f"--repo {repo}: not a directory")
