@@ -10,7 +10,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock, SystemClock
-from bot.commands.worker import setup_commands
+from bot.commands.worker import CommandWorkerSettings, setup_commands
 from bot.config import Settings
 from bot.errors import ConfigError, StoreError, StoreUnavailable, WebhookError
 from bot.forges.base import ForgeClient
@@ -137,7 +137,16 @@ def create_app(
     app.router.add_get("/livez", handle_live)
     if forges:
         # Slash commands run off the webhook path, in a worker started with the app.
-        setup_commands(app, store=store, forges=forges, policies=book, clock=used_clock)
+        setup_commands(
+            app,
+            store=store,
+            forges=forges,
+            policies=book,
+            clock=used_clock,
+            # A paused or dead web process's command claims are taken over after the
+            # shorter of two minutes and the lease every other claim runs on.
+            settings=CommandWorkerSettings(lease_s=min(120.0, settings.scheduler.lease_s)),
+        )
     return app
 
 

@@ -17,22 +17,26 @@ import re
 import signal
 import socket
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
 import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from bot import devdb
+from bot.database_url import async_url
 from bot.db import upgrade_database
 from bot.demo import SECRET, TOKEN, load_demo_trace, send_request
 from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.state import Fault
 from bot.errors import ConfigError
-from bot.forges.base import find_marker
+from bot.forges.base import SUMMARY_MARKER, find_marker
 from bot.model import Forge
+from bot.queue.guarantees import GuaranteeLimits, check_guarantees, render_guarantees
 from bot.sim.trace import TraceRequest
 from tests.serving import REPO_ROOT, free_port, start_serve, wait_until
 
@@ -40,6 +44,11 @@ LEASE_S = 4.0
 HEARTBEAT_S = 1.0
 BURST = 100
 DRAIN_TIMEOUT_S = 150.0
+MAX_ATTEMPTS = 3  # REVIEW_BOT_MAX_ATTEMPTS's default, which the drills keep
+# A paused process stays stopped for three leases: every lease it held has run out and been
+# taken over before it resumes.
+PAUSE_S = 3 * LEASE_S
+PAUSE_BURST = 40
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +78,15 @@ class Served:
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
+
+    async def pause(self, seconds: float) -> None:
+        """SIGSTOP the process for `seconds` of real time, then SIGCONT it (a GC pause, a
+        frozen VM, a container throttled to zero: its sockets stay open, it does nothing)."""
+        self.process.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)  # the pause itself is what is drilled: real time
+        finally:
+            self.process.send_signal(signal.SIGCONT)
 
 
 def _environment(database_url: str, emulator: ForgeEmulator, **extra: str) -> dict[str, str]:
@@ -143,15 +161,16 @@ async def _serving(
                 await item.process.wait()
 
 
-def _burst(count: int) -> list[TraceRequest]:
-    """`count` small pull/merge requests of the demo's morning, each its own PR, none a draft."""
+def _burst(count: int, *, github_every: int = 5) -> list[TraceRequest]:
+    """`count` small pull/merge requests of the demo's morning, each its own PR, none a draft;
+    one in `github_every` goes to GitHub, the rest to GitLab."""
     trace, _ = load_demo_trace(4 * count, max_lines=60)
     chosen: list[TraceRequest] = []
     seen: set[tuple[str, str, int]] = set()
     for request in trace.requests:
         # Four in five go to GitLab: GitHub's pace of one content POST a second per process
         # would make the drills measure the pacing.
-        forge: Forge = "github" if len(chosen) % 5 == 0 else "gitlab"
+        forge: Forge = "github" if len(chosen) % github_every == 0 else "gitlab"
         key = (forge, request.repo, request.number)
         if request.action != "opened" or request.draft or key in seen:
             continue
@@ -242,6 +261,59 @@ async def _jobs_posting_by(database_url: str, owner_pattern: str) -> list[int]:
     return [row["id"] for row in rows]
 
 
+async def _check_guarantees(database_url: str) -> None:
+    """Every guarantee of the queue holds (bot.queue.guarantees, what `bot check` runs)."""
+    engine = create_async_engine(async_url(database_url))
+    try:
+        results = await check_guarantees(
+            engine,
+            now=datetime.now(UTC),
+            limits=GuaranteeLimits(
+                lease_s=LEASE_S, heartbeat_s=HEARTBEAT_S, max_chunk_attempts=MAX_ATTEMPTS
+            ),
+        )
+    finally:
+        await engine.dispose()
+    assert all(result.holds for result in results), render_guarantees(results)
+
+
+def _summaries_per_pull(state: EmulatorState) -> Counter[tuple[str, int]]:
+    """Living summaries created per pull request (a GitHub comment, a GitLab note)."""
+    created = state.posted(kind="issue_comment") + state.posted(kind="note")
+    return Counter(
+        (record.repo, record.number or 0)
+        for record in created
+        if record.body is not None and SUMMARY_MARKER in record.body
+    )
+
+
+def _repeated_writes(state: EmulatorState) -> list[tuple[str, str, int | None]]:
+    """Review bodies and inline findings the forge took more than once."""
+    writes = Counter(
+        (record.kind, record.repo, record.number, record.body)
+        for record in state.records
+        if record.kind in ("review", "discussion")
+    )
+    return [(kind, repo, number) for (kind, repo, number, _), n in writes.items() if n > 1]
+
+
+def _statuses_after_the_end(state: EmulatorState) -> list[str]:
+    """Statuses written on a head after a final one (success, failure, ...) was written there."""
+    written: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for record in state.records:
+        if record.kind == "commit_status":
+            data = record.data  # GitHub says `state`, GitLab `status`
+            sha = str(data.get("sha") or str(data.get("url", "")).rsplit("/", 1)[-1])
+            key = (record.forge, record.repo, sha)
+            written[key].append(str(data.get("state") or data.get("status")))
+    late: list[str] = []
+    for (forge, repo, sha), states in written.items():
+        final = [i for i, value in enumerate(states) if value not in ("pending", "running")]
+        if final and any(value in ("pending", "running") for value in states[final[0] :]):
+            late.append(f"{forge} {repo} {sha[:12]}: {' -> '.join(states)}")
+    return late
+
+
 @pytest.fixture
 async def emulator() -> AsyncIterator[ForgeEmulator]:
     async with ForgeEmulator(EmulatorState()) as running:
@@ -295,6 +367,7 @@ async def test_a_dispatcher_killed_mid_burst_loses_and_repeats_nothing(
         assert web.process.returncode is None
     outcomes = await _check_exactly_once(db_url, state, answers)
     assert outcomes == {"queued": BURST}
+    await _check_guarantees(db_url)
     print(f"killed at '{point}': {BURST} reviews posted once each, drained {drain_s:.1f} s after")
 
 
@@ -406,6 +479,7 @@ async def test_a_backend_raising_the_unexpected_loses_no_review(
         )
         assert bot.process.returncode is None
     assert await _check_exactly_once(db_url, emulator.state, answers) == {"queued": BURST}
+    await _check_guarantees(db_url)
     faulted = await _fetch(
         db_url,
         "SELECT count(*) AS n FROM review_chunks WHERE attempts > 0 AND state = 'done'"
@@ -456,6 +530,103 @@ async def test_the_database_restarting_and_stopping_hard_is_survived(
         await wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
         drain_s = time.monotonic() - back_at
     outcomes = await _check_exactly_once(database_url, emulator.state, answers)
+    await _check_guarantees(database_url)
     assert outcomes.get("queued", 0) >= 50, outcomes
     assert outcomes.get("refused 503", 0) >= 1, f"the outage refused nothing: {outcomes}"
     print(f"database restarted and stopped hard: {outcomes}, drained {drain_s:.1f} s after")
+
+
+@pytest.mark.parametrize("point", ["chunks running", "before posting", "post on the wire"])
+async def test_a_dispatcher_paused_for_three_leases_writes_nothing_twice(
+    point: str, db_url: str, emulator: ForgeEmulator, tmp_path: Path
+) -> None:
+    """SIGSTOP a dispatcher mid-burst, SIGCONT it three leases later: quiet reviews with their
+    living summaries and statuses on; one review and one summary per PR, no status after a
+    job's final one, and the resumed process drops what it held ("lease lost")."""
+    state = emulator.state
+    if point == "post on the wire":
+        # The forge takes the findings or the summary at once and answers late.
+        for route in ("github.reviews.create", "gitlab.discussions.create",
+                      "github.comments.create", "gitlab.notes.create"):  # fmt: skip
+            state.add_fault(route, Fault.late_answer(1.5), times=10)
+    env = _environment(
+        db_url,
+        emulator,
+        REVIEW_BOT_QUIET="true",
+        REVIEW_BOT_STATUS="true",
+        REVIEW_BOT_STATUS_INTERVAL_S="1",
+    )
+    requests = _burst(PAUSE_BURST, github_every=10)
+    async with _serving(["web", "dispatcher", "dispatcher"], env, tmp_path) as served:
+        web, victim, _ = served
+        answers = await _send_all(emulator, web.url, requests)
+        if point == "before posting":
+            # Once every job is planned, reading a pull request's changes is slow: that read
+            # comes first in posting, so jobs wait there, claimed, between chunks and post.
+            await wait_until(
+                lambda: _all_planned(db_url), timeout_s=60, what="every job to be planned"
+            )
+            for route in ("github.files", "gitlab.changes", "gitlab.diffs"):
+                state.add_fault(route, Fault.slow(1.0), times=30)
+
+        async def at_the_point() -> bool:
+            if point == "chunks running":
+                rows = await _fetch(
+                    db_url,
+                    "SELECT count(*) AS n FROM review_chunks"
+                    " WHERE state = 'running' AND lease_owner = $1",
+                    victim.owner,
+                )
+                return int(rows[0]["n"]) >= 2
+            claimed = await _jobs_posting_by(db_url, victim.poster_pattern)
+            if point == "before posting":
+                return bool(claimed)
+            written = {
+                find_marker(record.body)
+                for record in state.records
+                if record.kind in ("review", "discussion", "issue_comment", "note")
+            }
+            return bool(set(claimed) & written)  # taken by the forge, its answer still to come
+
+        await wait_until(at_the_point, timeout_s=60, what=f"the victim at '{point}'")
+        paused_at = time.monotonic()
+        await victim.pause(PAUSE_S)
+
+        async def drained() -> bool:
+            for item in served:
+                assert item.process.returncode is None, item.log.read_text()[-3000:]
+            return await _drained(db_url)
+
+        await wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
+        drain_s = time.monotonic() - paused_at
+        # The status of each job's end is written once the publisher has seen it end.
+        await wait_until(
+            lambda: _statuses_final(db_url), timeout_s=30, what="every final status written"
+        )
+    assert Counter(answers.values()) == {"queued": PAUSE_BURST}
+    jobs = await _fetch(db_url, "SELECT id, repo, number, state FROM review_jobs")
+    assert Counter(row["state"] for row in jobs) == {"done": PAUSE_BURST}
+    assert _summaries_per_pull(state) == Counter({(row["repo"], row["number"]): 1 for row in jobs})
+    assert _repeated_writes(state) == []
+    assert _statuses_after_the_end(state) == []
+    await _check_guarantees(db_url)
+    dropped = victim.log.read_text().count("lease lost, dropping result")
+    assert dropped >= 1, "the resumed dispatcher held nothing that was taken over"
+    print(
+        f"paused at '{point}' for {PAUSE_S:.0f} s: {PAUSE_BURST} reviews, one summary each, "
+        f"{dropped} stale results dropped, drained {drain_s:.1f} s after the pause began"
+    )
+
+
+async def _all_planned(database_url: str) -> bool:
+    rows = await _fetch(database_url, "SELECT count(*) AS n FROM review_jobs WHERE NOT planned")
+    return int(rows[0]["n"]) == 0
+
+
+async def _statuses_final(database_url: str) -> bool:
+    rows = await _fetch(
+        database_url,
+        "SELECT count(*) AS open FROM review_jobs j LEFT JOIN status_reports s ON s.job_id = j.id"
+        " WHERE s.state IS DISTINCT FROM 'completed'",
+    )
+    return int(rows[0]["open"]) == 0

@@ -11,14 +11,20 @@ a post the forge did store finds it instead of posting it twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
 from bot.commands.inbox import ClaimedDelivery, CommandInbox
-from bot.errors import ForgeError
-from bot.forges.base import ForgeClient, Reaction, may_pass_later, render_reply_marker
+from bot.errors import ForgeError, LeaseLost
+from bot.forges.base import (
+    ForgeClient,
+    Reaction,
+    guarded_writes,
+    may_pass_later,
+    render_reply_marker,
+)
 from bot.review.deferral import RetryBudget, retry_delay
 
 log = logging.getLogger(__name__)
@@ -49,7 +55,6 @@ class OutboxResult:
     reply_id: int | None = None
     error: ForgeError | None = None  # the failure that may pass and stopped the pass
     dropped: tuple[str, ...] = field(default=())
-    lost: bool = False  # the claim was taken over: the rest belongs to its new holder
 
 
 async def send_outbox(
@@ -58,17 +63,12 @@ async def send_outbox(
     items: Sequence[OutboxItem],
     *,
     look_first: bool,
-    still_held: Callable[[], Awaitable[bool]] | None = None,
 ) -> OutboxResult:
     """Send the items in order; stop at the first failure that may pass. `look_first`: an
-    earlier try may have posted the reply already, so look for its marker before posting.
-    `still_held` is asked before each forge write; when it says no, nothing more is sent
-    (`lost` is set)."""
+    earlier try may have posted the reply already, so look for its marker before posting."""
     reply_id: int | None = None
     dropped: list[str] = []
     for position, item in enumerate(items):
-        if still_held is not None and not await still_held():
-            return OutboxResult(tuple(items[position:]), reply_id, None, tuple(dropped), True)
         try:
             if item.get("kind") == "reply":
                 found = (
@@ -161,15 +161,18 @@ async def run_outbox_pass(
     async def still_held() -> bool:
         return await inbox.holds(delivery, owner=owner)
 
-    sent = await send_outbox(client, target, outbox, look_first=look_first, still_held=still_held)
-    if sent.lost:
+    try:
+        # Each forge call asks right before it goes out whether this claim still holds.
+        with guarded_writes(still_held):
+            sent = await send_outbox(client, target, outbox, look_first=look_first)
+    except LeaseLost:
         log.warning(
             "command delivery %s (claim attempt %s): lease lost, dropping result",
             delivery.delivery_id,
             delivery.attempts,
             extra={"action": "lease_lost", "delivery_id": delivery.delivery_id},
         )
-        return OutboxPass("taken_over", sent.reply_id)
+        return OutboxPass("taken_over", None)
     reply_id = sent.reply_id if sent.reply_id is not None else detail.get("reply_id")
     record: dict[str, Any] = {"outbox": [], "reply_id": reply_id}
     if sent.dropped:

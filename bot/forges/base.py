@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol, TypeVar
 
 from bot.diff import fence_for, parse_hunks, split_lines
-from bot.errors import ForgeError
+from bot.errors import ForgeError, LeaseLost
 from bot.forges.statuses import StatusUpdate, StatusWritten
 from bot.model import FileChange
 from bot.retry import call_with_retries, exponential_delay
@@ -329,6 +331,30 @@ class ContentLimiter:
         """Push the key's next slot back, e.g. after a Retry-After."""
         now = self.clock().timestamp()
         self._next_at[key] = max(self._next_at.get(key, now), now + seconds)
+
+
+WriteGuard = Callable[[], Awaitable[bool]]
+# The check each forge call must pass right before it goes out (after pacing and a retry's
+# wait, which can take seconds): set by the holder of the lease the writes follow from, so a
+# process paused past its lease sends nothing it was about to send when it resumes.
+_WRITE_GUARD: ContextVar[WriteGuard | None] = ContextVar("forge_write_guard", default=None)
+
+
+@contextlib.contextmanager
+def guarded_writes(guard: WriteGuard) -> Iterator[None]:
+    """Within the block, every forge call first asks `guard` (LeaseLost when it says no)."""
+    token = _WRITE_GUARD.set(guard)
+    try:
+        yield
+    finally:
+        _WRITE_GUARD.reset(token)
+
+
+async def check_write_guard(action: str) -> None:
+    """Raise LeaseLost when the block's guard (if any) says the lease is gone."""
+    guard = _WRITE_GUARD.get()
+    if guard is not None and not await guard():
+        raise LeaseLost(f"{action}: the lease this forge call follows from was lost")
 
 
 async def retry_forge_call(

@@ -38,6 +38,7 @@ from bot.forges.base import (
     ReviewToPost,
     Sleep,
     append_marker,
+    check_write_guard,
     find_marker,
     parse_diff_lines,
     render_marker,
@@ -311,6 +312,7 @@ class GitHubClient:
                 token = await self._access_token(repo, installation_id)
                 if creates_content:
                     await self._limiter.wait_turn(self._limit_key(repo))
+                await check_write_guard(action)
                 return await operation(token)
             except gidgethub.HTTPException as exc:
                 error = translate_github_error(exc, now=self._clock())

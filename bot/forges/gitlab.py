@@ -33,6 +33,7 @@ from bot.forges.base import (
     ReviewToPost,
     Sleep,
     append_marker,
+    check_write_guard,
     count_patch_lines,
     find_marker,
     parse_diff_lines,
@@ -175,6 +176,7 @@ class GitLabClient:
                 found = await recheck()
                 if found is not None:
                     return found
+            await check_write_guard(action)
             return await asyncio.to_thread(run)
 
         return await retry_forge_call(

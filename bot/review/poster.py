@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from bot.errors import ForgeError, ForgeNotFound
+from bot.errors import ForgeError, ForgeNotFound, LeaseLost
 from bot.forges.base import (
     ForgeClient,
     PostedReview,
     ReviewToPost,
     append_marker,
+    guarded_writes,
     render_marker,
 )
 from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
@@ -216,7 +217,11 @@ async def post_job_review(
         # The forge write only while this attempt still holds the claim (and the job is live).
         if not await store.holds_posting(job.id, fence):
             return lease_lost(job.id, fence, forge=job.forge)
-        posted = await client.post_review(job.repo, job.number, review)
+        # ... and again right before each request goes out (after the forge's pacing).
+        with guarded_writes(lambda: store.holds_posting(job.id, fence)):
+            posted = await client.post_review(job.repo, job.number, review)
+    except LeaseLost:
+        return lease_lost(job.id, fence, forge=job.forge)
     except ForgeNotFound as exc:
         reason = f"the change is gone on {job.forge}: {exc}"
         await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason, fence=fence)

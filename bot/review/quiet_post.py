@@ -15,7 +15,7 @@ from typing import Any
 
 from bot.config import Settings
 from bot.errors import ForgeError, ForgeNotFound, LeaseLost
-from bot.forges.base import ForgeClient, ReviewToPost, append_marker
+from bot.forges.base import ForgeClient, ReviewToPost, append_marker, guarded_writes
 from bot.forges.quiet import PostedFindings, QuietForge, quiet_forge_for
 from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
 from bot.queue.findings import FindingStore, FindingToRecord, PullRef, StoredFinding
@@ -269,7 +269,9 @@ async def post_quiet_review(
         return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
     context = {"job_id": job.id, "forge": job.forge}
     try:
-        record = await _post(store, posting, client, quiet, job, now=now, fence=fence)
+        # Every forge call of the post asks right before it goes out whether the claim holds.
+        with guarded_writes(lambda: store.holds_posting(job.id, fence)):
+            record = await _post(store, posting, client, quiet, job, now=now, fence=fence)
     except LeaseLost:
         return lease_lost(job.id, fence, forge=job.forge)
     except ForgeNotFound as exc:

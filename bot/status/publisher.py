@@ -26,8 +26,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock
-from bot.errors import ForgeError
-from bot.forges.base import ForgePermissionDenied
+from bot.errors import ForgeError, LeaseLost
+from bot.forges.base import ForgePermissionDenied, guarded_writes
 from bot.forges.statuses import (
     StatusUpdate,
     StatusWritten,
@@ -358,7 +358,17 @@ class StatusPublisher:
             )
             return False
         try:
-            written = await writer.publish_status(update)
+            # Asked again right before the request goes out (after the forge's pacing).
+            with guarded_writes(lambda: self._may_write(row, report)):
+                written = await writer.publish_status(update)
+        except LeaseLost:
+            log.warning(
+                "status of job %s (publisher attempt %s): lease lost or job ended, dropping result",
+                row.id,
+                self.attempt,
+                extra={"action": "lease_lost", **context},
+            )
+            return False
         except ForgeError as exc:
             result.failed += 1
             if isinstance(exc, ForgePermissionDenied):
