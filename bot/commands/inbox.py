@@ -86,6 +86,17 @@ DEFER_OUTBOX = text(
     """
 )
 
+# Renew the claims a live worker holds (its heartbeat): a claim is taken over only once its
+# holder stopped renewing it for a lease.
+RENEW_CLAIMS = text(
+    """
+    UPDATE webhook_deliveries
+    SET detail = detail || jsonb_build_object('claimed_at', CAST(:now AS timestamptz))
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND outcome = 'command_running'
+      AND detail->>'claimed_by' = :owner
+    """
+)
+
 # Whether a claim attempt still holds the delivery: each claim counts an attempt (detail's
 # `attempts`), which fences the attempt before it; checked right before each forge write.
 CLAIM_HELD = text(
@@ -287,6 +298,11 @@ class CommandInbox:
                 "deferred": json.dumps(deferred),
             },
         )
+
+    async def renew_claims(self, ids: Sequence[int], *, owner: str, now: datetime) -> None:
+        """Renew the claims `owner` holds on the deliveries `ids`."""
+        async with self.store.connector.transaction() as conn:
+            await conn.execute(RENEW_CLAIMS, {"ids": list(ids), "owner": owner, "now": now})
 
     async def holds(self, delivery: ClaimedDelivery, *, owner: str) -> bool:
         """Whether this claim attempt of `owner` still holds the delivery."""

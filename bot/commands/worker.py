@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -55,7 +57,8 @@ _NEEDS_PERMISSION = frozenset({"priority", "cancel", "review", "rerun"})
 class CommandWorkerSettings:
     """Knobs of the command worker."""
 
-    owner: str = "commands"
+    # Who holds a claim, unique per process (its pid shows in the deliveries' detail).
+    owner: str = field(default_factory=lambda: f"commands-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     poll_s: float = 2.0  # fallback when NOTIFY is not heard
     batch: int = 10
     lease_s: float = 120.0  # a claim older than this (its worker died) is taken over
@@ -131,6 +134,7 @@ class CommandWorker:
         self.executed = 0
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._held: set[int] = set()  # delivery ids of the batch in hand (renewed)
 
     # -- loop ------------------------------------------------------------------------------
 
@@ -145,16 +149,38 @@ class CommandWorker:
             max_age_s=self.settings.max_age_s,
         )
         reports = []
-        for delivery in claimed:
-            report = await self.execute(delivery)
-            if report is not None:
-                reports.append(report)
+        self._held = {delivery.id for delivery in claimed}
+        try:
+            for delivery in claimed:
+                report = await self.execute(delivery)
+                self._held.discard(delivery.id)
+                if report is not None:
+                    reports.append(report)
+        finally:
+            self._held = set()
         return reports
+
+    async def _renew_claims(self) -> None:
+        """While serving, renew the claims of the batch in hand every third of the lease: a
+        live worker keeps them however slow the forge is; a dead or paused one loses them."""
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=self.settings.lease_s / 3)
+            if not self._held:
+                continue
+            try:
+                await self.inbox.renew_claims(
+                    sorted(self._held), owner=self.settings.owner, now=self.clock.now()
+                )
+            except StoreError as exc:  # the claims may run out; they are fenced then
+                log.warning("command claims not renewed: %s", exc,
+                            extra={"action": "command_renew_failed"})  # fmt: skip
 
     async def run(self, *, database_url: str | None = None) -> None:
         """Serve until stop(): wake on NOTIFY (or the poll), execute what is pending."""
         listener = await self._listen(database_url)
         outage = OutageWatch("command worker", base_s=self.settings.outage_backoff_s)
+        renewing = asyncio.create_task(self._renew_claims(), name="command-claims")
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -174,6 +200,9 @@ class CommandWorker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
         finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
             if listener is not None and not listener.is_closed():
                 await listener.close()
 
