@@ -464,6 +464,7 @@ async def test_a_dispatcher_stopped_mid_burst_drains_and_loses_nothing(
     # Handed-back chunks were not counted as attempts: no chunk ran out of them.
     dead = await _fetch(db_url, "SELECT count(*) AS n FROM review_chunks WHERE state = 'dead'")
     assert int(dead[0]["n"]) == 0
+    await _check_guarantees(db_url)
     print(
         f"SIGTERM with a grace of {grace_s:g} s: {ended} running chunks ended, {handed_back}"
         f" handed back, exit after {exit_s:.1f} s; {BURST} reviews posted once each,"
