@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from datetime import datetime, timedelta
 
 import pytest
@@ -28,6 +29,7 @@ from bot.status.decide import (
 from bot.status.eta import Arrivals, Capacity, JobLoad, QueuedCall, estimate_queue
 from bot.status.load import arrivals_of
 from bot.status.render import StatusFacts, about, ordinal, render_status
+from bot.status.standing import EtaModel, model_from_json, model_to_json
 
 NOW = EPOCH
 NO_RESERVE = MlfqSettings(reserved_slots=0)
@@ -473,3 +475,15 @@ def test_the_hourly_budget_comes_from_the_environment() -> None:
     assert load_settings({"REVIEW_BOT_STATUS_UPDATES_PER_HOUR": "0"}).status_updates_per_hour == 0
     with pytest.raises(ConfigError, match="REVIEW_BOT_STATUS_UPDATES_PER_HOUR must be 0 or more"):
         load_settings({"REVIEW_BOT_STATUS_UPDATES_PER_HOUR": "-1"})
+
+
+def test_the_publishers_model_survives_its_trip_through_the_database_row() -> None:
+    estimator = ServiceEstimator.with_prior().observe(chunk_lines=40, job_lines=80, gpu_seconds=9)
+    model = EtaModel(
+        Capacity(slots=6, mlfq=MlfqSettings(weights=(9, 3, 2, 1), reserved_slots=2), speed=1.5),
+        estimator,
+        learn_calibration([EtaSample(Level.P2, 10.0, 30.0)] * 20),
+    )
+    assert model_from_json(json.loads(json.dumps(model_to_json(model)))) == model
+    with pytest.raises(KeyError):
+        model_from_json({"slots": 2})

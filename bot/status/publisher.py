@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 PUBLISHER_LEASE = "status_publisher"  # one publisher at a time across processes
 MUTE_AFTER_REFUSAL = timedelta(hours=1)
+MODEL_REFRESH = timedelta(seconds=30)
 
 
 class StatusWriter(Protocol):
@@ -71,6 +72,9 @@ class StatusSettings:
     enabled: bool = True
     neutral_at: str = DEFAULT_NEUTRAL_AT
     interval_s: float = 5.0
+    # State changes arrive in bursts (a thousand reviews a morning): passes they wake are at
+    # least this far apart, so one pass answers many of them.
+    min_gap_s: float = 0.5
     rules: PublishRules = field(default_factory=PublishRules)
     ended_batch: int = 200
     # The publisher's lease: renewed every pass, taken over when its holder stops passing.
@@ -140,11 +144,24 @@ class StatusPublisher:
         self.news_written: dict[str, deque[datetime]] = {}
         # What the ETA learnt of its misses (in memory: a new leader starts from the dry run).
         self.learner = EtaLearner()
+        self._kept: tuple[EtaModel, datetime] | None = None  # the model last kept, and when
         self.attempt = 0  # the attempt at the publisher's lease this pass runs as
 
     def model(self) -> EtaModel:
         """What this publisher estimates with now."""
         return EtaModel(self.capacity, self.estimator(), self.learner.calibration)
+
+    async def _keep_model(self, model: EtaModel, now: datetime) -> None:
+        """Keep the model for /review status and the dashboard: when it changed, and at least
+        every MODEL_REFRESH (its updated_at then tells how fresh it is)."""
+        if (
+            self._kept is not None
+            and self._kept[0] == model
+            and now - self._kept[1] < MODEL_REFRESH
+        ):
+            return
+        await save_model(self.engine, model, now=now)
+        self._kept = (model, now)
 
     async def _owed_rows(self) -> list[Any]:
         async with self.engine.connect() as conn:
@@ -234,7 +251,7 @@ class StatusPublisher:
 
     async def _due(self, now: datetime, result: PassResult) -> list[_Due]:
         model = self.model()
-        await save_model(self.engine, model, now=now)  # /review status and the dashboard read it
+        await self._keep_model(model, now)
         standing = await standings(self.engine, model, now=now)
         for row in standing.rows:
             job_id = int(row.id)
@@ -461,6 +478,7 @@ class StatusPublisher:
         try:
             while not stop.is_set():
                 wake.clear()
+                started = asyncio.get_running_loop().time()
                 try:
                     await self.publish_once(self.clock.now())
                 except (SQLAlchemyError, OSError) as exc:
@@ -477,6 +495,10 @@ class StatusPublisher:
                 finally:
                     for waiting in waits:
                         waiting.cancel()
+                gap = self.settings.min_gap_s - (asyncio.get_running_loop().time() - started)
+                if gap > 0 and not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=gap)
         finally:
             if listener is not None and not listener.is_closed():
                 with contextlib.suppress(Exception):
