@@ -62,6 +62,10 @@ SCRIPT = REPO / "scripts" / "vllm_cpu.sh"
 OPENAPI = REPO.parent / "shared" / "openapi" / "github-rest-subset.json"
 REVIEWS_PATH = "/repos/{owner}/{repo}/pulls/{pull_number}/reviews"
 TOKEN = "review-eval-token"
+# The before commit plants in Python only; the after runs do the same, so both see one set of
+# bugs (this repository also holds JavaScript and TypeScript test data).
+PYTHON = ("python",)
+LANGUAGE_FLAGS = ("--language", "python")
 # The tiny model writes until the limit; 200 answer tokens hold one or two findings.
 REAL_ANSWER_TOKENS = 200
 REAL_MODEL = "smollm2"
@@ -78,11 +82,18 @@ def code_bases() -> list[tuple[str, Path]]:
 
 
 def run_eval(
-    tree: Path, repo: Path, *, mutants: int, seed: int, llm: str, env: Mapping[str, str] = {}
+    tree: Path,
+    repo: Path,
+    *,
+    mutants: int,
+    seed: int,
+    llm: str,
+    env: Mapping[str, str] = {},
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """`python -m bot eval ... --json` with the bot package of `tree`."""
     command = [sys.executable, "-m", "bot", "--log-level", "WARNING", "eval", "--repo", str(repo)]
-    command += ["--mutants", str(mutants), "--seed", str(seed), "--llm", llm, "--json"]
+    command += ["--mutants", str(mutants), "--seed", str(seed), "--llm", llm, "--json", *extra]
     environment = {**os.environ, "PYTHONPATH": str(tree), **env}
     started = time.perf_counter()
     done = subprocess.run(
@@ -261,7 +272,9 @@ def real_model(url: str | None, *, mutants: int, seed: int) -> dict[str, Any]:
             "REVIEW_BOT_LLM_MAX_TOKENS": str(REAL_ANSWER_TOKENS),
             "REVIEW_BOT_LLM_TIMEOUT_S": "900",
         }
-        return run_eval(REPO, REPO, mutants=mutants, seed=seed, llm="openai", env=env)
+        return run_eval(
+            REPO, REPO, mutants=mutants, seed=seed, llm="openai", env=env, extra=LANGUAGE_FLAGS
+        )
 
 
 def headline(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -405,7 +418,9 @@ def mode_table(bases: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 async def after_run(repo: Path, *, mutants: int, seed: int) -> tuple[dict[str, Any], Evaluation]:
-    evaluation = await evaluate(repo, count=mutants, seed=seed, llm="oracle", settings=Settings())
+    evaluation = await evaluate(
+        repo, count=mutants, seed=seed, llm="oracle", settings=Settings(), languages=PYTHON
+    )
     return evaluation.report, evaluation
 
 
@@ -426,7 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name}: {folder}", flush=True)
             before = run_eval(tree, folder, mutants=args.mutants, seed=args.seed, llm="oracle")
             after, evaluation = asyncio.run(after_run(folder, mutants=args.mutants, seed=args.seed))
-            null = run_eval(REPO, folder, mutants=args.mutants, seed=args.seed, llm="null")
+            null = run_eval(
+                REPO, folder, mutants=args.mutants, seed=args.seed, llm="null", extra=LANGUAGE_FLAGS
+            )
             before_sites = [(r["path"], r["lines"]) for r in before["reviews"]]
             after_sites = [(r["path"], r["lines"]) for r in after["reviews"]]
             if before_sites != after_sites:

@@ -107,3 +107,11 @@ def test_javascript_and_typescript_code_is_planted_in_and_reviewed() -> None:
     assert "resource_not_closed" not in report["per_pattern"]
     assert len(report["per_pattern"]) == 9
     assert report["recall"] >= 0.98 and report["exact_line_rate"] >= 0.99
+
+
+def test_language_limits_where_bugs_are_planted() -> None:
+    both = ROOT / "tests" / "data"
+    only_js = eval_json("--mutants", "12", "--llm", "null", "--language", "javascript", repo=both)
+    assert {r["path"].rsplit(".", 1)[1] for r in only_js["reviews"]} <= {"js", "ts"}
+    only_py = eval_json("--mutants", "12", "--llm", "null", "--language", "python", repo=both)
+    assert {r["path"].rsplit(".", 1)[1] for r in only_py["reviews"]} == {"py"}

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from bot.eval.score import (
     score_review,
 )
 from bot.eval.sources import read_sources
+from bot.eval.syntax import FAMILIES, grammar_of
 from bot.llm.base import LLMBackend
 from bot.llm.factory import create_backend
 from bot.review.assemble import classify_skipped_file
@@ -49,9 +50,16 @@ def reviewable(path: str, patch: str) -> bool:
     return classify_skipped_file(path, patch) is None
 
 
-def plant_in_repo(repo: Path, *, count: int, seed: int) -> list[Mutant]:
-    """Mutants planted in the repository's Python files; raises ConfigError when none fit."""
-    files = read_sources(repo)
+def plant_in_repo(
+    repo: Path, *, count: int, seed: int, languages: Collection[str] | None = None
+) -> list[Mutant]:
+    """Mutants planted in the repository's source files (of these language families, default
+    all); raises ConfigError when none fit."""
+    files = [
+        file
+        for file in read_sources(repo)
+        if languages is None or FAMILIES.get(grammar_of(file.path) or "") in languages
+    ]
     if not files:
         raise ConfigError(
             f"--repo {repo}: no readable Python, JavaScript or TypeScript files "
@@ -103,11 +111,17 @@ def score_outcome(outcome: ReviewOutcome, backend: LLMBackend) -> MutantScore:
 
 
 async def evaluate(
-    repo: Path, *, count: int, seed: int, llm: str, settings: Settings
+    repo: Path,
+    *,
+    count: int,
+    seed: int,
+    llm: str,
+    settings: Settings,
+    languages: Collection[str] | None = None,
 ) -> Evaluation:
     """Plant, review and score; raises ConfigError for a bad repository or model choice and
     LLMError when the model fails for good."""
-    mutants = plant_in_repo(repo, count=count, seed=seed)
+    mutants = plant_in_repo(repo, count=count, seed=seed, languages=languages)
     backend = backend_for(llm, mutants, seed=seed, settings=settings)
     try:
         outcomes = await review_mutants(mutants, backend, answer_tokens=settings.llm_max_tokens)
@@ -129,7 +143,12 @@ def run_eval_command(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--mutants must be at least 1")
     evaluation = asyncio.run(
         evaluate(
-            Path(args.repo), count=args.mutants, seed=args.seed, llm=args.llm, settings=settings
+            Path(args.repo),
+            count=args.mutants,
+            seed=args.seed,
+            llm=args.llm,
+            settings=settings,
+            languages=args.language or None,
         )
     )
     if args.json:
@@ -148,5 +167,11 @@ def add_eval_parser(commands: Any) -> None:
     parser.add_argument("--mutants", type=int, default=DEFAULT_MUTANTS, help="bugs to plant")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--llm", choices=MODELS, default="oracle")
+    parser.add_argument(
+        "--language",
+        action="append",
+        choices=sorted(set(FAMILIES.values())),
+        help="plant only in this language's files (javascript includes TypeScript; repeatable)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(handler=run_eval_command)
