@@ -155,7 +155,12 @@ def test_demo_runs_in_a_clone_without_shared(pg_server: str, tmp_path: Path) -> 
     assert ast.literal_eval(states.group(1)) == {"done": queued + 3}  # and the three pushes
     # Quiet reviews, as `bot serve` posts them: one living summary per reviewed PR.
     assert "each reviewed PR: one living summary; no finding said twice" in out
-    assert re.search(r"statuses on the commits: \d+ writes", out)
+    # Every reviewed head has its status, however fast its review, and it ended.
+    heads = re.search(r"statuses on the commits: \d+ writes on (\d+) heads, now (\{.*\})", out)
+    assert heads, out
+    assert int(heads.group(1)) == queued + 3
+    ended = ast.literal_eval(heads.group(2))
+    assert sum(ended.values()) == queued + 3 and not {"pending", "running"} & set(ended)
     # Pushed to again: a summary edited in place, an incremental review, a force-push.
     edited = re.search(r"living summaries for \d+ reviewed PRs, edited (\d+) times", out)
     assert edited and int(edited.group(1)) >= 3, out
