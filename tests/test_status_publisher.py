@@ -22,7 +22,7 @@ from bot.forges.base import RetryPolicy
 from bot.forges.github import GitHubClient
 from bot.forges.gitlab import GitLabClient
 from bot.forges.statuses import StatusUpdate
-from bot.model import LEVELS, JobState
+from bot.model import LEVELS, JobState, Level
 from bot.queue.store import QueueStore
 from bot.sched.mlfq import MlfqSettings, ServiceEstimator
 from bot.status.decide import PublishRules
@@ -540,3 +540,37 @@ async def test_a_publisher_resuming_after_a_takeover_writes_and_records_nothing(
 
 async def _is_set(event: asyncio.Event) -> bool:
     return event.is_set()
+
+
+async def test_an_eta_that_keeps_running_long_learns_from_its_misses(
+    store: QueueStore, emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    """Low load, reviews quicker than the estimator's prior says (17 s said, 7.5 s taken): after
+    twenty of them the ETA a new review is shown is about what they take."""
+    client = token_client(emulator, session, clock)
+    statuses = publisher(store, {"github": client}, clock)
+
+    def eta_of(head: str) -> str:
+        [first] = [item for item in emulator.state.commit_statuses if item["sha"] == head][:1]
+        return str(first["description"]).split(" · ")[2]
+
+    for number in range(1, 22):
+        pull = emulator.state.add_pull("github", REPO, number, files=FILES)
+        await queue_job(store, clock, pull, 40)
+        await statuses.publish_once(clock.now())
+        if number == 1:
+            assert eta_of(pull.newest.head_sha) == "review in about 15 s"  # 17 s, the prior's
+        if number == 21:
+            break
+        leased = await store.fetch_chunk(levels=LEVELS, owner="w", now=clock.now(), lease_s=60)
+        assert leased is not None
+        clock.advance(7.5)
+        await store.finish_chunk(leased.chunk.id, owner="w", now=clock.now(), gpu_seconds=7.5,
+                                 result={})  # fmt: skip
+        await store.finish_job(leased.chunk.job_id, now=clock.now(), review={"counts": {}})
+        await statuses.publish_once(clock.now())
+        clock.advance(60)
+    # Twenty reviews at 0.44 of their promise: P1's factor is 0.5 (shrunk towards the pooled
+    # 0.63, itself towards 1), so 17 s is shown as 8.5 s.
+    assert statuses.learner.calibration.factor(Level.P1) == pytest.approx(0.5, abs=0.01)
+    assert eta_of(pull.newest.head_sha) == "review in about 10 s"
