@@ -219,6 +219,14 @@ class Settings:
     db_idle_in_transaction_timeout_s: float = 30.0
     # News-only status writes (a moved ETA, place or progress) per forge per hour; 0: none.
     status_updates_per_hour: int = 120
+    # Content-creating requests per forge identity (GitHub installation or token, GitLab
+    # token), shared by every process; 0: that window is not limited.
+    github_writes_per_minute: int = 80
+    github_writes_per_hour: int = 500
+    gitlab_writes_per_minute: int = 300
+    gitlab_writes_per_hour: int = 0
+    # Compressed time for tests and benchmarks: the budget's minute and hour last this share.
+    forge_window_scale: float = 1.0
 
     def with_changes(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -288,6 +296,13 @@ def _float(environ: Mapping[str, str], name: str, default: float) -> float:
         return float(raw)
     except ValueError as exc:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from exc
+
+
+def _positive_float(environ: Mapping[str, str], name: str, default: float) -> float:
+    value = _float(environ, name, default)
+    if not value > 0:
+        raise ConfigError(f"{name} must be positive, got {value:g}")
+    return value
 
 
 def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
@@ -483,6 +498,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             env, "REVIEW_BOT_DB_IDLE_IN_TRANSACTION_TIMEOUT_S", 30.0
         ),
         status_updates_per_hour=_non_negative_int(env, "REVIEW_BOT_STATUS_UPDATES_PER_HOUR", 120),
+        github_writes_per_minute=_non_negative_int(env, "REVIEW_BOT_GITHUB_WRITES_PER_MINUTE", 80),
+        github_writes_per_hour=_non_negative_int(env, "REVIEW_BOT_GITHUB_WRITES_PER_HOUR", 500),
+        gitlab_writes_per_minute=_non_negative_int(env, "REVIEW_BOT_GITLAB_WRITES_PER_MINUTE", 300),
+        gitlab_writes_per_hour=_non_negative_int(env, "REVIEW_BOT_GITLAB_WRITES_PER_HOUR", 0),
+        forge_window_scale=_positive_float(env, "REVIEW_BOT_FORGE_WINDOW_SCALE", 1.0),
     )
 
 

@@ -12,12 +12,13 @@ from typing import Literal
 from aiohttp import web
 
 from bot.app import create_app, create_worker_app
+from bot.budget.ledger import PostgresWriteBudget
 from bot.clock import Clock, SystemClock
 from bot.config import Settings, check_scheduler_settings
 from bot.db import SessionTimeouts, is_database_unavailable, upgrade_database
 from bot.engine_setup import engine_pool_for, served_budget
 from bot.errors import ConfigError, StoreError
-from bot.forges.registry import ForgeRegistry, build_forges, configured_forges
+from bot.forges.registry import ForgeRegistry, budget_settings, build_forges, configured_forges
 from bot.llm.base import LLMBackend
 from bot.llm.factory import check_backend_choice, create_backend
 from bot.obs.metrics import Metrics, start_metrics_site
@@ -229,7 +230,11 @@ async def serve(
         await migrate_when_reachable(url, backoff_s=settings.outage_backoff_s)
     store = open_store(settings)
     clock = SystemClock()
-    forges = build_forges(settings)
+    # One write budget per installation/token, shared with every other process.
+    forges = build_forges(
+        settings,
+        budget=PostgresWriteBudget(store.engine, now=clock.now, settings=budget_settings(settings)),
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGTERM, signal.SIGINT):

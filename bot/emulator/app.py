@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from email.utils import format_datetime
 from typing import Any
@@ -49,6 +50,7 @@ from bot.emulator.http import (
     github_error,
     not_found,
 )
+from bot.emulator.limits import CONTENT_METHODS, NOT_CONTENT_ROUTES, entity_tag, matches
 from bot.emulator.manage import add_control_routes
 from bot.emulator.outside import add_change_routes
 from bot.emulator.quiet import QUIET_ROUTES
@@ -289,12 +291,13 @@ def create_emulator_app(
             if fault is not None and fault.status is not None and not fault.after_handling:
                 raise _fault_reply(forge, fault)
             _authenticate(ctx, route)
+            _admit_content(ctx, route)
             body = await route.handler(ctx)
             if fault is not None and fault.after_handling and fault.delay_s > 0:
                 await asyncio.sleep(fault.delay_s)  # done on the forge, the answer still to come
             if fault is not None and fault.status is not None:
                 raise _fault_reply(forge, fault)
-            response = web.json_response(body, status=ctx.status, headers=ctx.headers)
+            response = _answer(ctx, route, body)
         except Reply as reply:
             response = web.json_response(reply.body, status=reply.status, headers=reply.headers)
         if forge == "github":
@@ -310,6 +313,7 @@ def create_emulator_app(
                 state.clock(),
                 accept=request.headers.get("Accept"),
                 api_version=request.headers.get("X-GitHub-Api-Version"),
+                identity=_identity(ctx),
             )
         )
         return response
@@ -324,6 +328,43 @@ def create_emulator_app(
 
 # REST API versions GitHub serves; a request naming another one is refused with a 400.
 GITHUB_API_VERSIONS = frozenset({"2022-11-28", "2026-03-10"})
+
+
+def _identity(ctx: Context) -> str:
+    """Whose budget a request counts against: an installation, else the credential."""
+    if ctx.installation is not None:
+        return f"github:installation:{ctx.installation}"
+    headers = ctx.request.headers
+    if ctx.forge == "gitlab":
+        token = headers.get("PRIVATE-TOKEN") or headers.get("Authorization") or ""
+        return f"gitlab:{token.removeprefix('Bearer ')}"
+    return f"github:{headers.get('Authorization', '').partition(' ')[2]}"
+
+
+def _admit_content(ctx: Context, route: Route) -> None:
+    """Refuse a content-creating request past the forge's secondary limits."""
+    if ctx.request.method not in CONTENT_METHODS or route.name in NOT_CONTENT_ROUTES:
+        return
+    state = ctx.state
+    wait = state.content.admit(_identity(ctx), state.clock(), state.content_limits[ctx.forge])
+    if wait is None:
+        return
+    retry_after = str(max(1, math.ceil(wait)))
+    if ctx.forge == "github":
+        raise _fault_reply("github", Fault(status=403, retry_after=float(retry_after)))
+    raise Reply(429, {"message": "Retry later"}, {"Retry-After": retry_after})
+
+
+def _answer(ctx: Context, route: Route, body: Any) -> web.Response:
+    """The JSON answer; an unchanged GitHub read answers 304 to its ETag (free of the
+    primary rate limit on GitHub)."""
+    if ctx.forge != "github" or ctx.request.method != "GET" or ctx.status != 200:
+        return web.json_response(body, status=ctx.status, headers=ctx.headers)
+    tag = entity_tag([body, ctx.headers.get("Link")])
+    ctx.headers["ETag"] = tag
+    if matches(ctx.request.headers.get("If-None-Match"), tag):
+        return web.Response(status=304, headers=ctx.headers)
+    return web.json_response(body, status=ctx.status, headers=ctx.headers)
 
 
 def _check_api_version(version: str | None) -> None:

@@ -13,6 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.emulator.limits import (
+    GITHUB_CONTENT_LIMITS,
+    GITLAB_CONTENT_LIMITS,
+    ContentLedger,
+    ContentLimits,
+)
 from bot.forges.base import Clock, utc_now
 from bot.model import FileChange, Forge
 
@@ -100,6 +106,8 @@ class RequestLog:
     # The request's Accept and X-GitHub-Api-Version, as sent (None when absent).
     accept: str | None = None
     api_version: str | None = None
+    # Who asked: a GitHub installation or token, a GitLab token (as `identity_of` names them).
+    identity: str = ""
 
 
 @dataclass(slots=True)
@@ -171,6 +179,12 @@ class EmulatorState:
         self.commit_statuses: list[dict[str, Any]] = []
         # GitLab status writes refused by its state machine: (project, sha, from, to).
         self.refused_transitions: list[tuple[str, str, str, str]] = []
+        # Secondary limits on content-creating requests per identity (bot.emulator.limits).
+        self.content_limits: dict[Forge, ContentLimits] = {
+            "github": GITHUB_CONTENT_LIMITS,
+            "gitlab": GITLAB_CONTENT_LIMITS,
+        }
+        self.content = ContentLedger()
         self._ids = itertools.count(1001)
         self._shas = itertools.count(1)
 
@@ -309,6 +323,12 @@ class EmulatorState:
             and (repo is None or item.repo == repo)
             and (number is None or item.number == number)
         ]
+
+    def set_content_limits(
+        self, forge: Forge, *, per_minute: int, per_hour: int, time_scale: float = 1.0
+    ) -> None:
+        """Change a forge's limits on content-creating requests (0: that window is off)."""
+        self.content_limits[forge] = ContentLimits(per_minute, per_hour, time_scale)
 
     def count_requests(self, route: str, *, status: int | None = None) -> int:
         return sum(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, Protocol, TypeVar
 
@@ -305,32 +304,6 @@ def count_patch_lines(patch: str | None) -> tuple[int, int]:
             added += line.kind == "+"
             removed += line.kind == "-"
     return added, removed
-
-
-@dataclass(slots=True)
-class ContentLimiter:
-    """Spaces content-creating calls `interval_s` apart per key (GitHub's secondary limit)."""
-
-    sleep: Sleep
-    clock: Clock = utc_now
-    interval_s: float = 1.0
-    _next_at: dict[str, float] = field(default_factory=dict)
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-
-    async def wait_turn(self, key: str) -> None:
-        """Wait until `key` may create content again, then claim the slot."""
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            now = self.clock().timestamp()
-            wait = self._next_at.get(key, now) - now
-            if wait > 0:
-                await self.sleep(wait)
-            self._next_at[key] = max(now, self._next_at.get(key, now)) + self.interval_s
-
-    def delay_key(self, key: str, seconds: float) -> None:
-        """Push the key's next slot back, e.g. after a Retry-After."""
-        now = self.clock().timestamp()
-        self._next_at[key] = max(self._next_at.get(key, now), now + seconds)
 
 
 WriteGuard = Callable[[], Awaitable[bool]]

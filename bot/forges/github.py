@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -18,13 +19,21 @@ import jwt
 from gidgethub import sansio
 from gidgethub.aiohttp import GitHubAPI
 
+from bot.budget.decide import WriteValue
+from bot.budget.ledger import (
+    GITHUB_LIMITS,
+    BudgetKey,
+    BudgetSettings,
+    LocalWriteBudget,
+    WriteBudget,
+    token_name,
+)
 from bot.errors import ConfigError, ForgeError, ForgeNotFound
 from bot.forges.base import (
     MAX_FILES,
     PERMISSIONS,
     READ_RETRY,
     Clock,
-    ContentLimiter,
     DiffLines,
     ForgeAuthRefused,
     ForgeCredentialsExpired,
@@ -55,6 +64,7 @@ from bot.forges.statuses import (
     StatusWritten,
     github_commit_state,
     shorten,
+    status_value,
 )
 from bot.model import MAX_DESCRIPTION_CHARS, FileChange
 from bot.retry import parse_retry_after
@@ -78,6 +88,27 @@ JWT_LIFETIME = timedelta(minutes=9)
 # covers less than a minute of drift.
 SKEW_EXPLAINS = timedelta(seconds=30)
 T = TypeVar("T")
+
+
+class ReadCache(OrderedDict[str, Any]):
+    """gidgethub's cache of GET answers by URL (ETag, Last-Modified, body, next page), the
+    least recently used dropped past `size`: a re-read asks If-None-Match, and GitHub's 304
+    does not count against the primary rate limit."""
+
+    def __init__(self, size: int = 1024) -> None:
+        super().__init__()
+        self.size = size
+
+    def __getitem__(self, key: str) -> Any:
+        value = super().__getitem__(key)
+        self.move_to_end(key)
+        return value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
 
 
 class CurrentGitHubAPI(GitHubAPI):
@@ -172,17 +203,27 @@ class GitHubClient:
         post_interval_s: float = 1.0,
         max_files: int = MAX_FILES,
         per_page: int = 100,
+        budget: WriteBudget | None = None,
     ) -> None:
         if token is None and (app_id is None or private_key is None):
             raise ConfigError("GitHub needs a token, or an App id and its private key")
-        self._api = CurrentGitHubAPI(session, requester, base_url=base_url)
+        self._api = CurrentGitHubAPI(session, requester, base_url=base_url, cache=ReadCache())
         self._token = token
         self._app_id = app_id
         self._private_key = private_key
         self._clock = clock
         self._sleep = sleep
         self._retry = retry or RetryPolicy()
-        self._limiter = ContentLimiter(sleep=sleep, clock=clock, interval_s=post_interval_s)
+        # Content-creating calls spend from one budget per installation (or token). Without a
+        # shared one (no database), this process keeps its own with GitHub's limits.
+        self._budget: WriteBudget = budget or LocalWriteBudget(
+            now=clock,
+            sleep=sleep,
+            settings=BudgetSettings(
+                limits={"github": replace(GITHUB_LIMITS, min_interval_s=post_interval_s)}
+            ),
+        )
+        self._token_budget = token_name(token, scope=base_url)
         self._max_files = max_files
         self._per_page = per_page
         self._installation_tokens: dict[int, _InstallationToken] = {}
@@ -292,12 +333,13 @@ class GitHubClient:
         *,
         repo: str,
         installation_id: int | None = None,
-        creates_content: bool = False,
+        write: WriteValue | None = None,
         recheck: Callable[[], Awaitable[T | None]] | None = None,
         retry: RetryPolicy | None = None,
     ) -> T:
-        """Run one API operation with auth, pacing, error translation and retries (the
-        client's retry policy unless `retry` is given)."""
+        """Run one API operation with auth, the write budget (`write`: what a content-creating
+        call is worth), error translation and retries (the client's retry policy unless
+        `retry` is given)."""
         attempts = 0
         refreshed = False
 
@@ -310,8 +352,8 @@ class GitHubClient:
                     return found
             try:
                 token = await self._access_token(repo, installation_id)
-                if creates_content:
-                    await self._limiter.wait_turn(self._limit_key(repo))
+                if write is not None:
+                    await self._budget.spend(self._budget_key(repo), action=action, value=write)
                 await check_write_guard(action)
                 return await operation(token)
             except gidgethub.HTTPException as exc:
@@ -327,8 +369,9 @@ class GitHubClient:
                 raise ForgeError(f"GitHub unreachable during {action}: {exc!r}") from exc
 
         async def on_retry(exc: ForgeError) -> None:
-            if exc.retry_after is not None and creates_content:
-                self._limiter.delay_key(self._limit_key(repo), exc.retry_after)
+            if exc.retry_after is not None and write is not None:
+                # A secondary limit: every process holds this installation's writes.
+                await self._budget.hold(self._budget_key(repo), exc.retry_after)
 
         return await retry_forge_call(
             attempt,
@@ -343,9 +386,11 @@ class GitHubClient:
         if installation is not None:
             self._installation_tokens.pop(installation, None)
 
-    def _limit_key(self, repo: str) -> str:
-        installation = self._installations.get(repo)
-        return f"installation:{installation}" if installation is not None else "token"
+    def _budget_key(self, repo: str) -> BudgetKey:
+        installation = self._installations.get(repo) if self._token is None else None
+        if installation is not None:
+            return BudgetKey("github", f"installation:{installation}")
+        return BudgetKey("github", self._token_budget)
 
     # -- ForgeClient -----------------------------------------------------------------------
 
@@ -631,7 +676,7 @@ class GitHubClient:
             return {"id": found.id, "body": found.body, "html_url": found.url}
 
         return await self._call(
-            "post_review", create, repo=repo, creates_content=True, recheck=recheck
+            "post_review", create, repo=repo, write=WriteValue.REVIEW, recheck=recheck
         )
 
     async def find_comment(self, repo: str, number: int, marker: str) -> int | None:
@@ -672,7 +717,7 @@ class GitHubClient:
             return await self.find_comment(repo, number, marker) if marker else None
 
         return await self._call(
-            "post_comment", create, repo=repo, creates_content=True, recheck=recheck
+            "post_comment", create, repo=repo, write=WriteValue.FIRST_SUMMARY, recheck=recheck
         )
 
     async def add_reaction(
@@ -690,7 +735,7 @@ class GitHubClient:
                 oauth_token=token,
             )
 
-        await self._call("add_reaction", create, repo=repo, creates_content=True)
+        await self._call("add_reaction", create, repo=repo, write=WriteValue.SUMMARY_EDIT)
 
     async def get_permission(self, repo: str, user: str) -> Permission:
         """Return the user's role on the repository; "none" when GitHub knows no such user."""
@@ -718,8 +763,8 @@ class GitHubClient:
     async def publish_status(self, update: StatusUpdate) -> StatusWritten:
         """Write the review's status: a check run as an App, a commit status with a token.
 
-        Paced like every content-creating call. Raises ForgeError (the caller logs it; a
-        status never holds up a review).
+        Spent from the budget like every content-creating call. Raises ForgeError (the caller
+        logs it; a status never holds up a review).
         """
         owner, name = split_repo(update.repo)
         url_vars = {"owner": owner, "repo": name}
@@ -740,7 +785,9 @@ class GitHubClient:
                     oauth_token=token,
                 )
 
-            await self._call("create_status", create_status, repo=update.repo, creates_content=True)
+            await self._call(
+                "create_status", create_status, repo=update.repo, write=status_value(update)
+            )
             return StatusWritten("commit_status")
         body: dict[str, Any] = {
             "status": update.state,
@@ -773,7 +820,7 @@ class GitHubClient:
             write_run,
             repo=update.repo,
             installation_id=update.installation_id,
-            creates_content=True,
+            write=status_value(update),
         )
         return StatusWritten("check_run", str(answer["id"]))
 

@@ -16,6 +16,8 @@ import gitlab
 import gitlab.exceptions
 import requests
 
+from bot.budget.decide import WriteValue
+from bot.budget.ledger import BudgetKey, LocalWriteBudget, WriteBudget, token_name
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     MAX_FILES,
@@ -51,6 +53,7 @@ from bot.forges.statuses import (
     StatusWritten,
     gitlab_commit_state,
     shorten,
+    status_value,
 )
 from bot.model import FileChange
 from bot.retry import parse_retry_after
@@ -118,6 +121,7 @@ class GitLabClient:
         max_files: int = MAX_FILES,
         per_page: int = 100,
         timeout_s: float = 30.0,
+        budget: WriteBudget | None = None,
     ) -> None:
         self._local = threading.local()
         session = requests.Session()
@@ -126,6 +130,9 @@ class GitLabClient:
         self._clock = clock
         self._sleep = sleep
         self._retry = retry or RetryPolicy()
+        # Content-creating calls spend from one budget per token, shared when given.
+        self._budget: WriteBudget = budget or LocalWriteBudget(now=clock, sleep=sleep)
+        self._budget_key = BudgetKey("gitlab", token_name(token, scope=url))
         self._max_files = max_files
         self._per_page = per_page
         self._projects: dict[str, int] = {}
@@ -148,10 +155,12 @@ class GitLabClient:
         action: str,
         operation: Callable[[gitlab.Gitlab], T],
         *,
+        write: WriteValue | None = None,
         recheck: Callable[[], Awaitable[T | None]] | None = None,
         retry: RetryPolicy | None = None,
     ) -> T:
-        """Run a synchronous python-gitlab operation in a thread, translating and retrying.
+        """Run a synchronous python-gitlab operation in a thread, translating and retrying;
+        a content-creating one (`write`: what it is worth) spends from the token's budget.
 
         `recheck` runs before every retry: what it finds (a POST GitLab stored although its
         answer was lost) is returned instead of posting again.
@@ -176,11 +185,21 @@ class GitLabClient:
                 found = await recheck()
                 if found is not None:
                     return found
+            if write is not None:
+                await self._budget.spend(self._budget_key, action=action, value=write)
             await check_write_guard(action)
             return await asyncio.to_thread(run)
 
+        async def on_retry(exc: ForgeError) -> None:
+            if exc.retry_after is not None and write is not None:
+                await self._budget.hold(self._budget_key, exc.retry_after)
+
         return await retry_forge_call(
-            attempt, sleep=self._sleep, policy=retry or self._retry, action=action
+            attempt,
+            sleep=self._sleep,
+            policy=retry or self._retry,
+            action=action,
+            on_retry=on_retry,
         )
 
     def use_installation(self, repo: str, installation_id: int | None) -> None:
@@ -513,7 +532,7 @@ class GitLabClient:
                     return True
             return None
 
-        await self._call("create_discussion", create, recheck=recheck)
+        await self._call("create_discussion", create, write=WriteValue.REVIEW, recheck=recheck)
 
     async def _create_note(
         self, repo: str, number: int, body: str, *, marker: str | None = None
@@ -528,7 +547,12 @@ class GitLabClient:
         async def recheck() -> int | None:
             return await self.find_comment(repo, number, marker) if marker else None
 
-        return await self._call("create_note", create, recheck=recheck if marker else None)
+        return await self._call(
+            "create_note",
+            create,
+            write=WriteValue.FIRST_SUMMARY,
+            recheck=recheck if marker else None,
+        )
 
     async def find_comment(self, repo: str, number: int, marker: str) -> int | None:
         """The id of the MR's first note (not an inline one) carrying `marker`, or None."""
@@ -561,7 +585,7 @@ class GitLabClient:
         def create(gl: gitlab.Gitlab) -> None:
             gl.http_post(path, post_data={"name": AWARD_NAMES[reaction]}, obey_rate_limit=False)
 
-        await self._call("add_reaction", create)
+        await self._call("add_reaction", create, write=WriteValue.SUMMARY_EDIT)
 
     async def get_permission(self, repo: str, user: str) -> Permission:
         """Map the user's (inherited) member access level; "none" if not a member."""
@@ -616,7 +640,7 @@ class GitLabClient:
         def create(gl: gitlab.Gitlab) -> None:
             gl.http_post(path, post_data=data, obey_rate_limit=False)
 
-        await self._call("create_status", create)
+        await self._call("create_status", create, write=status_value(update))
         return StatusWritten("commit_status")
 
 

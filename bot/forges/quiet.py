@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 import gitlab
 
+from bot.budget.decide import WriteValue
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     SUMMARY_MARKER,
@@ -131,7 +132,7 @@ class GitHubQuiet:
             return found.id if found is not None else None
 
         return await self.client._call(
-            "create_summary", create, repo=repo, creates_content=True, recheck=recheck
+            "create_summary", create, repo=repo, write=WriteValue.FIRST_SUMMARY, recheck=recheck
         )
 
     async def edit_summary(self, repo: str, number: int, comment_id: int, body: str) -> None:
@@ -148,7 +149,7 @@ class GitHubQuiet:
                 oauth_token=token,
             )
 
-        await self.client._call("edit_summary", edit, repo=repo, creates_content=True)
+        await self.client._call("edit_summary", edit, repo=repo, write=WriteValue.SUMMARY_EDIT)
 
     async def post_findings(self, repo: str, number: int, review: ReviewToPost) -> PostedFindings:
         """One review with the inline comments (the client's idempotent post)."""
@@ -265,7 +266,9 @@ class GitLabQuiet:
             found = await self.find_summary(repo, number)
             return found.id if found is not None else None
 
-        return await self.client._call("create_summary", create, recheck=recheck)
+        return await self.client._call(
+            "create_summary", create, write=WriteValue.FIRST_SUMMARY, recheck=recheck
+        )
 
     async def edit_summary(self, repo: str, number: int, comment_id: int, body: str) -> None:
         """Edit the summary note in place."""
@@ -275,7 +278,7 @@ class GitLabQuiet:
         def edit(gl: gitlab.Gitlab) -> None:
             gl.http_put(path, post_data={"body": marked}, obey_rate_limit=False)
 
-        await self.client._call("edit_summary", edit)
+        await self.client._call("edit_summary", edit, write=WriteValue.SUMMARY_EDIT)
 
     async def _discussions(self, repo: str, number: int) -> list[dict[str, Any]]:
         path = f"{self._base(repo, number)}/discussions"
@@ -325,7 +328,9 @@ class GitLabQuiet:
                 return str(cast(dict[str, Any], answer)["id"])
 
             try:
-                refs[index] = await self.client._call("create_discussion", create)
+                refs[index] = await self.client._call(
+                    "create_discussion", create, write=WriteValue.REVIEW
+                )
             except ForgeError as exc:
                 if exc.status != 400:
                     raise
@@ -347,7 +352,7 @@ class GitLabQuiet:
         def resolve(gl: gitlab.Gitlab) -> None:
             gl.http_put(path, post_data={"resolved": True}, obey_rate_limit=False)
 
-        await self.client._call("resolve_discussion", resolve)
+        await self.client._call("resolve_discussion", resolve, write=WriteValue.SUMMARY_EDIT)
         return True
 
     async def increment_since(

@@ -5,10 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 
+from bot.budget.ledger import (
+    GITHUB_LIMITS,
+    GITLAB_LIMITS,
+    BudgetSettings,
+    LocalWriteBudget,
+    WriteBudget,
+)
 from bot.config import Settings
 from bot.errors import ConfigError
 from bot.forges.base import Clock, ForgeClient, RetryPolicy, Sleep, utc_now
@@ -23,7 +30,8 @@ class ForgeOptions:
     """Client knobs the settings do not carry (tests and the demo tune them)."""
 
     retry: RetryPolicy | None = None
-    post_interval_s: float = 1.0  # GitHub's secondary limit: about one content POST a second
+    # GitHub asks for a second between content-creating requests (the budget's spacing).
+    post_interval_s: float = 1.0
     timeout_s: float = 30.0
     requester: str = "review-bot"
 
@@ -78,6 +86,29 @@ def configured_forges(settings: Settings) -> tuple[str, ...]:
     )
 
 
+def budget_settings(settings: Settings, *, post_interval_s: float = 1.0) -> BudgetSettings:
+    """The write budget's limits per forge, from the settings."""
+    return BudgetSettings(
+        limits={
+            "github": replace(
+                GITHUB_LIMITS,
+                per_minute=settings.github_writes_per_minute,
+                per_hour=settings.github_writes_per_hour,
+                min_interval_s=post_interval_s * settings.forge_window_scale,
+                time_scale=settings.forge_window_scale,
+                margin_s=GITHUB_LIMITS.margin_s * settings.forge_window_scale,
+            ),
+            "gitlab": replace(
+                GITLAB_LIMITS,
+                per_minute=settings.gitlab_writes_per_minute,
+                per_hour=settings.gitlab_writes_per_hour,
+                time_scale=settings.forge_window_scale,
+                margin_s=GITLAB_LIMITS.margin_s * settings.forge_window_scale,
+            ),
+        }
+    )
+
+
 def build_forges(
     settings: Settings,
     *,
@@ -85,15 +116,24 @@ def build_forges(
     clock: Clock = utc_now,
     sleep: Sleep = asyncio.sleep,
     options: ForgeOptions | None = None,
+    budget: WriteBudget | None = None,
 ) -> ForgeRegistry:
     """Clients for every forge the settings configure; raises ConfigError on half an App.
 
     GitHub: GITHUB_TOKEN, or GITHUB_APP_ID + GITHUB_PRIVATE_KEY (installation tokens per
     repository), at GITHUB_API_URL. GitLab: GITLAB_TOKEN at GITLAB_URL. A forge without
     credentials is left out; its jobs fail with a message naming what to set. Call inside a
-    running event loop (the GitHub client's aiohttp session needs one).
+    running event loop (the GitHub client's aiohttp session needs one). `budget` is the write
+    budget every process shares (bot serve's, in PostgreSQL); without it each client keeps
+    its own, with the settings' limits.
     """
     options = options or ForgeOptions()
+    if budget is None:
+        budget = LocalWriteBudget(
+            now=clock,
+            sleep=sleep,
+            settings=budget_settings(settings, post_interval_s=options.post_interval_s),
+        )
     if bool(settings.github_app_id) != bool(settings.github_private_key) and not (
         settings.github_token
     ):
@@ -116,6 +156,7 @@ def build_forges(
             sleep=sleep,
             retry=options.retry,
             post_interval_s=options.post_interval_s,
+            budget=budget,
         )
     if settings.gitlab_token:
         clients["gitlab"] = GitLabClient(
@@ -125,6 +166,7 @@ def build_forges(
             sleep=sleep,
             retry=options.retry,
             timeout_s=options.timeout_s,
+            budget=budget,
         )
     if not clients:
         log.warning(
@@ -138,6 +180,7 @@ def build_forges(
 __all__ = [
     "ForgeOptions",
     "ForgeRegistry",
+    "budget_settings",
     "build_forges",
     "configured_forges",
     "github_configured",

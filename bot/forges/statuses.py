@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from bot.budget.decide import WriteValue
+
 STATUS_NAME = "review-bot"  # the check run's name, the commit status's context
 StatusKind = Literal["check_run", "commit_status"]
 GITLAB_DESCRIPTION_LIMIT = 255
@@ -46,6 +48,15 @@ GITLAB_NEXT: dict[str, frozenset[str]] = {
     "pending": frozenset({"running", "success", "failed", "canceled"}),
     "running": frozenset({"success", "failed", "canceled"}),
 }
+
+
+def status_value(update: StatusUpdate) -> WriteValue:
+    """What a status write is worth: the final state, the first one, or news."""
+    if update.state == "completed":
+        return WriteValue.CHECK_COMPLETED
+    if update.check_run_id is None:
+        return WriteValue.FIRST_STATUS
+    return WriteValue.NEWS
 
 
 def github_commit_state(update: StatusUpdate) -> str:
@@ -101,4 +112,5 @@ __all__ = [
     "gitlab_commit_state",
     "gitlab_state_of",
     "shorten",
+    "status_value",
 ]

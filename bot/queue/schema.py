@@ -364,3 +364,47 @@ process_leases = Table(
     Column("acquired_at", DateTime(timezone=True), nullable=False),
     Column("expires_at", DateTime(timezone=True), nullable=False),
 )
+
+# Created by migration 0023: one row per forge identity whose writes are budgeted (a GitHub
+# installation or token, a GitLab token), with its limits and a pause a forge asked for.
+forge_budgets = Table(
+    "forge_budgets",
+    metadata,
+    Column("budget_key", Text, primary_key=True),
+    Column("forge", Text, nullable=False),
+    Column("per_minute", Integer, nullable=False),
+    Column("per_hour", Integer, nullable=False),
+    Column("blocked_until", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+# Created by migration 0023: the content-creating writes of the last hours, per budget (the
+# sliding windows are counted from these).
+forge_writes = Table(
+    "forge_writes",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("budget_key", Text, nullable=False),
+    Column("spent_at", DateTime(timezone=True), nullable=False),
+    Column("value", SmallInteger, nullable=False),
+    Column("level", SmallInteger, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("job_id", BigInteger),
+    Index("ix_forge_writes_budget_spent", "budget_key", "spent_at"),
+)
+
+# Created by migration 0023: writes waiting for their budget, by any process; a claim not
+# looked at for a while is ignored (its process died).
+forge_write_claims = Table(
+    "forge_write_claims",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("budget_key", Text, nullable=False),
+    Column("value", SmallInteger, nullable=False),
+    Column("level", SmallInteger, nullable=False),
+    Column("target", Text),
+    Column("job_id", BigInteger),
+    Column("requested_at", DateTime(timezone=True), nullable=False),
+    Column("seen_at", DateTime(timezone=True), nullable=False),
+    Index("ix_forge_write_claims_budget", "budget_key", "seen_at"),
+)

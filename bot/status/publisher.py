@@ -25,6 +25,8 @@ from typing import Any, Protocol
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bot.budget.decide import WriteValue
+from bot.budget.intent import WriteHeld, WriteIntent, writing
 from bot.clock import Clock
 from bot.errors import ForgeError, LeaseLost
 from bot.forges.base import ForgePermissionDenied, guarded_writes
@@ -139,6 +141,7 @@ class StatusPublisher:
         self.settings = settings or StatusSettings()
         self.muted: dict[tuple[str, str], datetime] = {}
         self.writes = 0
+        self.held: set[str] = set()  # forges whose write budget had no room this pass
         # When each forge's news-only writes of the last hour went out (in memory: a restart
         # grants a fresh hour, which is at most one hour's budget twice).
         self.news_written: dict[str, deque[datetime]] = {}
@@ -225,8 +228,12 @@ class StatusPublisher:
         self.attempt = attempt
         due = await self._due(now, result)
         heads = await self._gitlab_heads(due)
+        self.held = set()
         for item in sorted(due, key=_priority):
-            if item.reason not in NEWS_FREE and not self._news_allowed(item.row.forge, now):
+            if item.row.forge in self.held or (
+                item.reason not in NEWS_FREE and not self._news_allowed(item.row.forge, now)
+            ):
+                # The forge's write budget had no room this pass, or the news ration is spent.
                 result.deferred += 1
                 continue
             if item.row.forge == "gitlab":
@@ -376,7 +383,10 @@ class StatusPublisher:
             return False
         try:
             # Asked again right before the request goes out (after the forge's pacing).
-            with guarded_writes(lambda: self._may_write(row, report)):
+            with (
+                writing(self._intent(item)),
+                guarded_writes(lambda: self._may_write(row, report)),
+            ):
                 written = await writer.publish_status(update)
         except LeaseLost:
             log.warning(
@@ -384,6 +394,15 @@ class StatusPublisher:
                 row.id,
                 self.attempt,
                 extra={"action": "lease_lost", **context},
+            )
+            return False
+        except WriteHeld as exc:
+            # The write budget had no room soon enough: the next pass writes the state then
+            # (a newer write of this status replaces this one in line).
+            result.deferred += 1
+            self.held.add(row.forge)
+            log.info(
+                "status of job %s held: %s", row.id, exc, extra={"action": "status_held", **context}
             )
             return False
         except ForgeError as exc:
@@ -413,6 +432,17 @@ class StatusPublisher:
             extra={"action": "status_written", **context},
         )
         return True
+
+    def _intent(self, item: _Due) -> WriteIntent:
+        """The write as the budget sees it: its worth, level, job and target; it waits no
+        longer than a pass."""
+        return WriteIntent(
+            level=int(item.report.level),
+            job_id=int(item.row.id),
+            value=write_value(item.report.state, item.reason),
+            target=f"status:{item.row.forge}:{int(item.row.id)}",
+            max_wait_s=self.settings.interval_s,
+        )
 
     def _update(
         self, row: Any, report: StatusReport, facts: StatusFacts, now: datetime
@@ -530,10 +560,20 @@ class StatusPublisher:
         return connection
 
 
+def write_value(state: str, reason: str) -> WriteValue:
+    """What a status write is worth: the final state, the first status, or news."""
+    if state == "completed":
+        return WriteValue.CHECK_COMPLETED
+    if reason == "first":
+        return WriteValue.FIRST_STATUS
+    return WriteValue.NEWS
+
+
 def _priority(item: _Due) -> tuple[int, int, int]:
-    """State changes first (they tell the most), then the most urgent levels."""
-    first = 0 if item.reason in ("state", "first", "republish") else 1
-    return (first, int(item.report.level), int(item.row.id))
+    """The write budget's order: final states, then first statuses, then the other state
+    changes and news; the most urgent levels first within each."""
+    value = write_value(item.report.state, item.reason)
+    return (int(value), int(item.report.level), int(item.row.id))
 
 
 __all__ = [
@@ -542,4 +582,5 @@ __all__ = [
     "StatusSettings",
     "StatusWriter",
     "previous_report",
+    "write_value",
 ]

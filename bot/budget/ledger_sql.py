@@ -1,0 +1,81 @@
+"""Every SQL statement of the write budget, named, each with its intent."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+# One decision at a time per budget, across processes (released at commit).
+LOCK_BUDGET = text("SELECT pg_advisory_xact_lock(hashtextextended('forge_budget:' || :key, 0))")
+
+# The budget's row with the limits this process runs with; returns a pause the forge asked for.
+UPSERT_BUDGET = text(
+    """
+    INSERT INTO forge_budgets (budget_key, forge, per_minute, per_hour, updated_at)
+    VALUES (:key, :forge, :per_minute, :per_hour, :now)
+    ON CONFLICT (budget_key) DO UPDATE
+    SET per_minute = EXCLUDED.per_minute, per_hour = EXCLUDED.per_hour,
+        updated_at = EXCLUDED.updated_at
+    RETURNING blocked_until
+    """
+)
+
+# A new claim; a claim replacing one of the same target keeps that one's place in line.
+INSERT_CLAIM = text(
+    """
+    INSERT INTO forge_write_claims (budget_key, value, level, target, job_id, requested_at,
+                                    seen_at)
+    VALUES (:key, :value, :level, :target, :job_id,
+            LEAST(:now, COALESCE((SELECT min(c.requested_at) FROM forge_write_claims c
+                                  WHERE c.budget_key = :key AND c.target = :target
+                                    AND c.seen_at > :stale), :now)),
+            :now)
+    RETURNING id, requested_at
+    """
+)
+
+# A waiting claim looks again (stays live); no row: it was coalesced away meanwhile.
+TOUCH_CLAIM = text(
+    "UPDATE forge_write_claims SET seen_at = :now WHERE id = :id RETURNING requested_at"
+)
+
+DELETE_CLAIM = text("DELETE FROM forge_write_claims WHERE id = :id")
+
+# The live claims of a budget (claims of dead processes go stale and are ignored).
+SELECT_CLAIMS = text(
+    """
+    SELECT id, value, level, target, requested_at FROM forge_write_claims
+    WHERE budget_key = :key AND seen_at > :stale
+    """
+)
+
+# The writes of the windows (ix_forge_writes_budget_spent).
+SELECT_SPENT = text(
+    """
+    SELECT spent_at FROM forge_writes
+    WHERE budget_key = :key AND spent_at > :since
+    ORDER BY spent_at
+    """
+)
+
+RECORD_WRITE = text(
+    """
+    INSERT INTO forge_writes (budget_key, spent_at, value, level, action, job_id)
+    VALUES (:key, :now, :value, :level, :action, :job_id)
+    """
+)
+
+# Writes older than any window, and claims long dead.
+PRUNE_WRITES = text("DELETE FROM forge_writes WHERE budget_key = :key AND spent_at < :before")
+PRUNE_CLAIMS = text("DELETE FROM forge_write_claims WHERE budget_key = :key AND seen_at < :before")
+
+# The forge said to stop (Retry-After): every process pauses this budget until then.
+HOLD_BUDGET = text(
+    """
+    INSERT INTO forge_budgets (budget_key, forge, per_minute, per_hour, blocked_until, updated_at)
+    VALUES (:key, :forge, :per_minute, :per_hour, :until, :now)
+    ON CONFLICT (budget_key) DO UPDATE
+    SET blocked_until = GREATEST(COALESCE(forge_budgets.blocked_until, EXCLUDED.blocked_until),
+                                 EXCLUDED.blocked_until),
+        updated_at = EXCLUDED.updated_at
+    """
+)
