@@ -313,6 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--json", action="store_true", help="print the result as JSON")
     simulate.add_argument("--keep", action="store_true", help="keep the simulation database")
     simulate.add_argument(
+        "--forge-budget",
+        choices=("none", "github", "gitlab"),
+        default="none",
+        help="post through one installation's (github) or token's (gitlab) write budget, "
+        "at the forge's documented limits: the turnaround then counts the posting wait",
+    )
+    simulate.add_argument(
         "--batching",
         metavar="PROFILE",
         choices=tuple(PROFILES),

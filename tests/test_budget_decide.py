@@ -23,6 +23,7 @@ from bot.budget.decide import (
     room_left,
     schedule,
 )
+from bot.budget.model import PlannedWrite, play_budget
 from bot.clock import EPOCH
 
 GITHUB = BudgetLimits(per_minute=80, per_hour=500, min_interval_s=1.0)
@@ -213,3 +214,66 @@ def test_a_pause_the_forge_asked_for_holds_every_write() -> None:
     until = NOW + timedelta(seconds=42)
     verdict = decide_spend(review, [review], [], now=NOW, limits=GITHUB, blocked_until=until)
     assert verdict == Wait(42.0)
+
+
+def test_a_write_its_reserve_keeps_out_does_not_hold_up_one_allowed_to_spend() -> None:
+    """The hour is nearly spent: a P2's review (ranked first: reviews before summaries) must
+    leave the last tenth to urgent writes, so a P0's first summary behind it spends now."""
+    spent = spent_before(455, every_s=7.0, last_ago_s=5.0)
+    p2_review = claim(1, WriteValue.REVIEW, level=2, ago_s=30.0)
+    p0_summary = claim(2, WriteValue.FIRST_SUMMARY, level=0)
+    waiting = [p2_review, p0_summary]
+    assert p2_review.rank() < p0_summary.rank()
+    assert decide_spend(p0_summary, waiting, spent, now=NOW, limits=GITHUB) == Spend()
+    assert isinstance(decide_spend(p2_review, waiting, spent, now=NOW, limits=GITHUB), Wait)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(list(WriteValue)),
+            st.integers(min_value=0, max_value=3),
+            st.floats(min_value=0, max_value=600),
+        ),
+        min_size=1,
+        max_size=150,
+    )
+)
+def test_the_played_budget_keeps_the_windows_and_drops_only_news(
+    asked: list[tuple[WriteValue, int, float]],
+) -> None:
+    limits = BudgetLimits(per_minute=20, per_hour=60, min_interval_s=1.0)
+    writes = [
+        PlannedWrite(value, level, at, job_id=index)
+        for index, (value, level, at) in enumerate(asked)
+    ]
+    played = play_budget(writes, limits)
+    spent = [moment for moment in played if moment is not None]
+    assert within_windows(spent, limits)
+    for write, moment in zip(writes, played, strict=True):
+        if write.value != WriteValue.NEWS:
+            assert moment is not None and moment >= write.asked_s
+
+
+def test_a_played_burst_posts_the_p0_review_first_and_coalesces_statuses() -> None:
+    """200 reviews ask at once with their first status; a P0 asks last: its review is the
+    first written, and a status replaced by its final state before it went out is one write."""
+    limits = BudgetLimits(per_minute=80, per_hour=500, min_interval_s=1.0)
+    writes = [PlannedWrite(WriteValue.REVIEW, 2, 0.0, job_id=index) for index in range(200)]
+    writes.append(PlannedWrite(WriteValue.REVIEW, 0, 0.5, job_id=999))
+    writes += [
+        PlannedWrite(WriteValue.FIRST_STATUS, 2, 0.0, job_id=index, target=f"status:{index}")
+        for index in range(200)
+    ]
+    writes += [
+        PlannedWrite(WriteValue.CHECK_COMPLETED, 2, 30.0, job_id=index, target=f"status:{index}")
+        for index in range(200)
+    ]
+    played = play_budget(writes, limits)
+    p0 = played[200]
+    assert p0 is not None and p0 < 2.0
+    firsts = [moment for moment in played[201:401] if moment is not None]
+    finals = [moment for moment in played[401:] if moment is not None]
+    assert len(finals) == 200  # every final state goes out
+    assert len(firsts) < 200  # the statuses that waited were coalesced into their final state
+    assert within_windows([moment for moment in played if moment is not None], limits)

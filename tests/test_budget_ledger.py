@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 import aiohttp
 import pytest
+from aiohttp import web
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -25,6 +26,8 @@ from bot.db import create_engine
 from bot.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
 from bot.forges.base import RetryPolicy
 from bot.forges.github import GitHubClient
+from bot.obs.metrics import setup_metrics
+from tests.test_metrics import ClientMaker, samples
 
 TOKEN = "ghp-budget"
 REPO = "acme/shop"
@@ -203,3 +206,31 @@ async def test_a_secondary_limit_answer_pauses_every_process(
     times = comment_times(emulator)
     assert len(times) == 2
     assert all(moment >= refused_at + timedelta(seconds=30) for moment in times)
+
+
+async def test_metrics_show_the_budget_left_per_installation(
+    aiohttp_client: ClientMaker, engines: tuple[AsyncEngine, AsyncEngine], clock: VirtualClock
+) -> None:
+    """/metrics reads every budget from the database: writes left this minute and hour, the
+    writes waiting, a pause the forge asked for."""
+    budget = PostgresWriteBudget(
+        engines[0],
+        now=clock.now,
+        sleep=clock.sleep,
+        settings=BudgetSettings({"github": BudgetLimits(per_minute=80, per_hour=500)}),
+    )
+    with writing(WriteIntent(level=0)):
+        for _ in range(3):
+            await budget.spend(KEY, action="post_review", value=WriteValue.REVIEW)
+    clock.advance(61)  # out of the minute, still in the hour
+    await budget.spend(KEY, action="post_review", value=WriteValue.REVIEW)
+    await budget.hold(KEY, 30)
+    app = web.Application()
+    setup_metrics(app, engine=engines[1], clock=clock)
+    client = await aiohttp_client(app)
+    values = samples(await (await client.get("/metrics")).text())
+    labels = (("budget", str(KEY)),)
+    assert values["review_bot_forge_writes_left", (*labels, ("window", "minute"))] == 79
+    assert values["review_bot_forge_writes_left", (*labels, ("window", "hour"))] == 496
+    assert values["review_bot_forge_writes_waiting", labels] == 0
+    assert values["review_bot_forge_paused_seconds", labels] == 30

@@ -163,23 +163,29 @@ def next_slot(
     """The earliest time at or after `after` (seconds) a write fits, leaving `keep[i]` slots
     of window i to others.
 
-    `spent` is sorted; a write fits when, in each window, fewer than `limit - keep` writes
-    were spent in the window ending at that time, and the last one is `min_interval_s` ago.
+    `spent` is sorted and may hold writes planned later than `after` (a model of the line):
+    a write fits when, in each window, fewer than `limit - keep` writes fall in the window
+    ending at that time, and no write is closer than `min_interval_s`.
     """
     moment = after
-    if spent and limits.min_interval_s > 0:
-        moment = max(moment, spent[-1] + limits.min_interval_s)
     windows = limits.windows()
     keeps = tuple(keep) or (0,) * len(windows)
+    interval = limits.min_interval_s
     while True:
         moved = False
+        if interval > 0 and spent:
+            index = bisect.bisect_right(spent, moment)
+            if index > 0 and moment - spent[index - 1] < interval:
+                moment = spent[index - 1] + interval
+                moved = True
+            elif index < len(spent) and spent[index] - moment < interval:
+                moment = spent[index] + interval
+                moved = True
         for (seconds, limit), kept in zip(windows, keeps, strict=True):
             allowed = max(1, limit - kept)
             start = bisect.bisect_right(spent, moment - seconds - limits.margin_s)
-            # `spent` may hold writes scheduled after `moment` (a model of the future).
             end = bisect.bisect_right(spent, moment)
-            inside = end - start
-            if inside >= allowed:
+            if end - start >= allowed:
                 moment = max(moment, spent[end - allowed] + seconds + limits.margin_s)
                 moved = True
         if not moved:
@@ -215,6 +221,37 @@ def room_left(spent: Sequence[float], *, now: float, limits: BudgetLimits) -> di
     return left
 
 
+def keeps_of(claim: Claim, limits: BudgetLimits) -> list[int]:
+    """The slots of each window `claim` leaves to others."""
+    return [reserve_for(claim, limit, limits) for _, limit in limits.windows()]
+
+
+def news_pressed(claim: Claim, spent: Sequence[float], ahead: int, limits: BudgetLimits) -> str:
+    """Why news would be dropped now (`spent` sorted, relative to now = 0), or ""."""
+    left = room_left(spent, now=0.0, limits=limits)
+    for name, (_, limit), reserve in zip(
+        limits.window_names(), limits.windows(), keeps_of(claim, limits), strict=True
+    ):
+        if left[name] - ahead <= reserve:
+            return f"news held back: {left[name]} of {limit} writes left this {name}"
+    return ""
+
+
+def line_slot(
+    me: Claim, ahead: Sequence[Claim], spent: Sequence[float], *, after: float, limits: BudgetLimits
+) -> float:
+    """When `me` fits, the claims ranked before it planned first, each with its own reserve
+    (so a claim kept out by its reserve does not hold up one allowed to spend)."""
+    times = list(spent)
+    for claim in sorted(ahead, key=Claim.rank):
+        if claim.value == WriteValue.NEWS and news_pressed(claim, spent, 0, limits):
+            continue  # it will be dropped, not spent
+        bisect.insort(
+            times, next_slot(times, after=after, limits=limits, keep=keeps_of(claim, limits))
+        )
+    return next_slot(times, after=after, limits=limits, keep=keeps_of(me, limits))
+
+
 def decide_spend(
     me: Claim,
     waiting: Sequence[Claim],
@@ -232,25 +269,16 @@ def decide_spend(
     newer = superseded_by(me, waiting)
     if newer is not None:
         return Superseded(newer.id)
-    live = [claim for claim in coalesce(waiting) if claim.id != me.id]
-    ahead = sum(1 for claim in live if claim.rank() < me.rank())
-    origin = now
-    times = sorted((moment - origin).total_seconds() for moment in spent)
+    ahead = [claim for claim in coalesce(waiting) if claim.id != me.id and claim.rank() < me.rank()]
+    times = sorted((moment - now).total_seconds() for moment in spent)
     after = 0.0
     if blocked_until is not None:
-        after = max(after, (blocked_until - origin).total_seconds())
-    keeps = [reserve_for(me, limit, limits) for _, limit in limits.windows()]
+        after = max(after, (blocked_until - now).total_seconds())
     if me.value == WriteValue.NEWS:
-        left = room_left(times, now=0.0, limits=limits)
-        for name, (_, limit), reserve in zip(
-            limits.window_names(), limits.windows(), keeps, strict=True
-        ):
-            if left[name] - ahead <= reserve:
-                return Drop(f"news held back: {left[name]} of {limit} writes left this {name}")
-    # The claims ranked before this one go first: this one takes the slot after theirs.
-    planned = schedule(times, ahead, after=after, limits=limits)
-    start = planned[-1] if planned else after
-    moment = next_slot(sorted([*times, *planned]), after=start, limits=limits, keep=keeps)
+        reason = news_pressed(me, times, len(ahead), limits)
+        if reason:
+            return Drop(reason)
+    moment = line_slot(me, ahead, times, after=after, limits=limits)
     if moment <= 0.0:
         return Spend()
     return Wait(moment)
@@ -274,6 +302,9 @@ __all__ = [
     "WriteValue",
     "coalesce",
     "decide_spend",
+    "keeps_of",
+    "line_slot",
+    "news_pressed",
     "next_slot",
     "reserve_for",
     "room_left",

@@ -78,6 +78,7 @@ class ClaimRequest:
     value: WriteValue
     level: int
     action: str
+    asked_at: datetime
     job_id: int | None = None
     target: str | None = None
 
@@ -124,7 +125,9 @@ class _BudgetLoop:
 
     async def spend(self, key: BudgetKey, *, action: str, value: WriteValue) -> None:
         intent = current_intent()
+        first = self.now()
         request = ClaimRequest(
+            asked_at=first,
             value=intent.value if intent is not None and intent.value is not None else value,
             level=intent.level if intent is not None else DEFAULT_LEVEL,
             action=action,
@@ -133,7 +136,6 @@ class _BudgetLoop:
         )
         max_wait_s = intent.max_wait_s if intent is not None else None
         claim_id: int | None = None
-        first = self.now()
         try:
             while True:
                 now = self.now()
@@ -271,6 +273,7 @@ class PostgresWriteBudget(_BudgetLoop):
                 "level": int(request.level),
                 "action": request.action,
                 "job_id": request.job_id,
+                "asked_at": request.asked_at,
             },
         )
         before = now - timedelta(seconds=2 * HOUR_S)

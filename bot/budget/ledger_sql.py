@@ -59,8 +59,8 @@ SELECT_SPENT = text(
 
 RECORD_WRITE = text(
     """
-    INSERT INTO forge_writes (budget_key, spent_at, value, level, action, job_id)
-    VALUES (:key, :now, :value, :level, :action, :job_id)
+    INSERT INTO forge_writes (budget_key, spent_at, asked_at, value, level, action, job_id)
+    VALUES (:key, :now, :asked_at, :value, :level, :action, :job_id)
     """
 )
 

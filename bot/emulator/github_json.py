@@ -80,7 +80,7 @@ _REPO_URLS = (
 def github_repository(state: EmulatorState, repo: str) -> dict[str, Any]:
     owner, _, name = repo.partition("/")
     api = f"https://api.github.com/repos/{repo}"
-    created = iso_time(state.clock() - timedelta(days=400))
+    created = iso_time(state.started_at - timedelta(days=400))
     data: dict[str, Any] = {
         "id": state.project_id(f"github:{repo}"),
         "node_id": f"R_{repo}",

@@ -159,6 +159,7 @@ class EmulatorState:
 
     def __init__(self, *, clock: Clock = utc_now) -> None:
         self.clock = clock
+        self.started_at = clock()  # objects' fixed times derive from it (stable ETags)
         self.pulls: dict[tuple[str, str, int], EmulatedPull] = {}
         self.records: list[Record] = []
         self.requests: list[RequestLog] = []

@@ -235,6 +235,25 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.forge_writes_left = Gauge(
+            "review_bot_forge_writes_left",
+            "Content-creating requests a forge identity (GitHub installation or token, GitLab"
+            " token) may still make in the window (minute, hour), by its budget",
+            ["budget", "window"],
+            registry=r,
+        )
+        self.forge_writes_waiting = Gauge(
+            "review_bot_forge_writes_waiting",
+            "Writes waiting for room in the budget, by budget",
+            ["budget"],
+            registry=r,
+        )
+        self.forge_paused_s = Gauge(
+            "review_bot_forge_paused_seconds",
+            "Seconds until the forge lets the budget write again after a Retry-After (0: none)",
+            ["budget"],
+            registry=r,
+        )
         self.scrape_errors = Counter(
             "review_bot_metrics_scrape_errors",
             "Scrapes that could not read the queue from the database",
@@ -328,6 +347,23 @@ class Metrics:
             self.queue_chunks.labels(label, "running").set(snapshot.running_chunks[level])
             self.oldest_wait.labels(label).set(snapshot.oldest_wait_s[level])
 
+    def show_budgets(self, rows: Iterable[Mapping[str, Any]], *, now: datetime) -> None:
+        """Set the write budget gauges from the budgets' rows."""
+        for row in rows:
+            budget = str(row["budget_key"])
+            for window, limit, used in (
+                ("minute", row["per_minute"], row["minute_used"]),
+                ("hour", row["per_hour"], row["hour_used"]),
+            ):
+                if int(limit) > 0:
+                    self.forge_writes_left.labels(budget, window).set(
+                        max(0, int(limit) - int(used))
+                    )
+            self.forge_writes_waiting.labels(budget).set(int(row["waiting"]))
+            until = row["blocked_until"]
+            paused = max(0.0, (until - now).total_seconds()) if until is not None else 0.0
+            self.forge_paused_s.labels(budget).set(paused)
+
     def render(self) -> bytes:
         """The text exposition of this registry."""
         return generate_latest(self.registry)
@@ -388,12 +424,14 @@ async def handle_metrics(request: web.Request) -> web.Response:
         liveness = await read_liveness(
             config.engine, now=now, stale_after_s=config.dispatcher_stale_s
         )
+        budgets = await sql.fetch_rows(config.engine, sql.SELECT_FORGE_BUDGETS, {"now": now})
     except StoreError as exc:
         # Serve the counters anyway; the queue and liveness gauges keep their last values.
         config.metrics.scrape_errors.inc()
         log.warning("metrics: queue not readable: %s", exc, extra={"action": "metrics_stale"})
     else:
         config.metrics.show_queue(snapshot)
+        config.metrics.show_budgets((dict(row._mapping) for row in budgets), now=now)
         config.metrics.dispatchers_alive.set(liveness.dispatchers)
         config.metrics.engines_alive.set(liveness.engines)
     return web.Response(body=config.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})

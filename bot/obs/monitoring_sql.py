@@ -167,6 +167,27 @@ RESOLVE_OPERATIONAL_ALERT = _sql(
 )
 
 
+# Each forge identity's write budget: its limits, writes spent in the last minute and hour,
+# writes waiting for room, and a pause the forge asked for (ix_forge_writes_budget_spent).
+SELECT_FORGE_BUDGETS = _sql(
+    """
+    SELECT b.budget_key, b.per_minute, b.per_hour, b.blocked_until,
+           count(w.id) FILTER (
+               WHERE w.spent_at > CAST(:now AS timestamptz) - interval '1 minute'
+           ) AS minute_used,
+           count(w.id) AS hour_used,
+           (SELECT count(*) FROM forge_write_claims c
+            WHERE c.budget_key = b.budget_key
+              AND c.seen_at > CAST(:now AS timestamptz) - interval '1 minute') AS waiting
+    FROM forge_budgets b
+    LEFT JOIN forge_writes w
+      ON w.budget_key = b.budget_key AND w.spent_at > CAST(:now AS timestamptz) - interval '1 hour'
+         AND w.spent_at <= CAST(:now AS timestamptz)
+    GROUP BY b.budget_key
+    """
+)
+
+
 async def fetch_rows(
     engine: AsyncEngine, statement: TextClause, params: Mapping[str, Any] | None = None
 ) -> list[Row[Any]]:

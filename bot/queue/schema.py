@@ -386,6 +386,8 @@ forge_writes = Table(
     Column("id", BigInteger, primary_key=True, autoincrement=True),
     Column("budget_key", Text, nullable=False),
     Column("spent_at", DateTime(timezone=True), nullable=False),
+    # When the write asked for the budget: spent_at - asked_at is the wait the budget caused.
+    Column("asked_at", DateTime(timezone=True), nullable=False),
     Column("value", SmallInteger, nullable=False),
     Column("level", SmallInteger, nullable=False),
     Column("action", Text, nullable=False),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from bot.budget.intent import WriteIntent, writing
 from bot.errors import ForgeError, ForgeNotFound, LeaseLost
 from bot.forges.base import (
     ForgeClient,
@@ -217,8 +218,12 @@ async def post_job_review(
         # The forge write only while this attempt still holds the claim (and the job is live).
         if not await store.holds_posting(job.id, fence):
             return lease_lost(job.id, fence, forge=job.forge)
-        # ... and again right before each request goes out (after the forge's pacing).
-        with guarded_writes(lambda: store.holds_posting(job.id, fence)):
+        # ... and again right before each request goes out (after the forge's pacing); the
+        # write spends from the forge's budget at the job's level.
+        with (
+            guarded_writes(lambda: store.holds_posting(job.id, fence)),
+            writing(WriteIntent(level=int(job.level), job_id=job.id)),
+        ):
             posted = await client.post_review(job.repo, job.number, review)
     except LeaseLost:
         return lease_lost(job.id, fence, forge=job.forge)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from bot.budget.intent import WriteIntent, writing
 from bot.config import Settings
 from bot.errors import ForgeError, ForgeNotFound, LeaseLost
 from bot.forges.base import ForgeClient, ReviewToPost, append_marker, guarded_writes
@@ -269,8 +270,12 @@ async def post_quiet_review(
         return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
     context = {"job_id": job.id, "forge": job.forge}
     try:
-        # Every forge call of the post asks right before it goes out whether the claim holds.
-        with guarded_writes(lambda: store.holds_posting(job.id, fence)):
+        # Every forge call of the post asks right before it goes out whether the claim holds,
+        # and spends from the forge's budget at the job's level.
+        with (
+            guarded_writes(lambda: store.holds_posting(job.id, fence)),
+            writing(WriteIntent(level=int(job.level), job_id=job.id)),
+        ):
             record = await _post(store, posting, client, quiet, job, now=now, fence=fence)
     except LeaseLost:
         return lease_lost(job.id, fence, forge=job.forge)

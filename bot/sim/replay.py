@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bot.budget.decide import BudgetLimits
 from bot.clock import EPOCH, VirtualClock
 from bot.config import DEFAULT_POLICY_DIR, SchedulerSettings, Settings, WindowSettings
 from bot.errors import ReviewBotError
@@ -39,6 +40,7 @@ from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import MlfqSettings, SchedulingPolicy
 from bot.sim.batched import BatchedEngines
 from bot.sim.forge import memory_forges
+from bot.sim.forge_budget import limits_for, through_budget
 from bot.sim.metrics import RequestOutcome, summarize
 from bot.sim.trace import Trace, TraceRequest, load_trace, to_review_request
 from bot.stats import profile_verdict, service_profile
@@ -111,6 +113,7 @@ async def replay_trace(
     record_eta: bool = False,
     batching: BatchingProfile | None = None,
     window: WindowSettings | None = None,
+    forge_budget: BudgetLimits | None = None,
 ) -> dict[str, Any]:
     """Replay `trace` against the (already migrated) database; returns the summary object.
 
@@ -284,6 +287,10 @@ async def replay_trace(
     finally:
         await store.close()
     posted = sum(len(forge.posted) for forge in forges.values())
+    budget_stats: dict[str, Any] | None = None
+    if forge_budget is not None:
+        # One installation's write budget decides when each review really shows on the PR.
+        outcomes, budget_stats = through_budget(outcomes, forge_budget)
     if collect is not None:
         collect.extend(outcomes)
     # Batched, the GPU time spent is the engines' busy time (calls share it), not the sum
@@ -291,6 +298,8 @@ async def replay_trace(
     gpu_s = batched.busy_s() if batched is not None else backend.gpu_seconds
     result = summarize(outcomes, policy=policy, requests=submitted, gpu_s=gpu_s, workers=slots)
     result["posted"] = posted
+    if budget_stats is not None:
+        result["forge_budget"] = budget_stats
     result["level_changes"] = dispatcher.level_changes
     result["preemptions"] = waste["preemptions"]
     result["preempted_first_chunks"] = waste["first_chunks"]
@@ -375,6 +384,7 @@ def run_simulation(
     mlfq: MlfqSettings | None = None,
     record_eta: bool = False,
     batching: BatchingProfile | None = None,
+    forge_budget: BudgetLimits | None = None,
 ) -> dict[str, Any]:
     """Replay a trace on a fresh database on the server at `database_url`; the summary object."""
     loaded = trace if isinstance(trace, Trace) else load_trace(trace)
@@ -389,6 +399,7 @@ def run_simulation(
             mlfq=mlfq,
             record_eta=record_eta,
             batching=batching,
+            forge_budget=forge_budget,
         )
     )
 
@@ -405,6 +416,7 @@ async def simulate(
     collect: list[RequestOutcome] | None = None,
     record_eta: bool = False,
     batching: BatchingProfile | None = None,
+    forge_budget: BudgetLimits | None = None,
 ) -> dict[str, Any]:
     """Async form of run_simulation (for callers already in an event loop)."""
     started = time.perf_counter()
@@ -419,6 +431,7 @@ async def simulate(
             collect=collect,
             record_eta=record_eta,
             batching=batching,
+            forge_budget=forge_budget,
         )
     result["wall_s"] = round(time.perf_counter() - started, 3)
     return result
@@ -518,6 +531,8 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
     trace = trace_to_replay(args.trace)
     policy: SchedulingPolicy = args.policy
     workers = args.workers or trace.header.workers
+    budget_name = getattr(args, "forge_budget", None)
+    budget = limits_for(budget_name) if budget_name and budget_name != "none" else None
     profile_name = getattr(args, "batching", None)
     batching = get_profile(profile_name) if profile_name else None
 
@@ -530,6 +545,7 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
             keep=bool(getattr(args, "keep", False)),
             record_eta=policy == "mlfq" and batched is None,
             batching=batched,
+            forge_budget=budget,
         )
 
     def runs(url: str) -> dict[str, Any]:
@@ -558,7 +574,27 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
     print(render_text(result, profile))
     if "eta" in result:
         print(render_eta_errors(result["eta"]))
+    if "forge_budget" in result:
+        print(render_forge_budget(result["forge_budget"], getattr(args, "forge_budget", "")))
     return 0
+
+
+def render_forge_budget(stats: dict[str, Any], forge: str) -> str:
+    """What one installation's write budget did to the posting (the turnaround above counts
+    it)."""
+    lines = [
+        f"posted through one {forge} write budget ({stats['per_minute']} a minute, "
+        f"{stats['per_hour'] or 'no'} an hour): {stats['writes']} writes, "
+        f"{stats['writes_per_review']} per review, {stats['coalesced_or_dropped']} coalesced, "
+        f"{stats['never_posted']} reviews never posted; last write at "
+        f"{stats['last_write_s'] / 3600:.2f} h",
+        "posting wait the budget added (s): "
+        + ", ".join(
+            f"{level} median {item['median_s']:.0f} p95 {item['p95_s']:.0f}"
+            for level, item in stats["posting_delay"].items()
+        ),
+    ]
+    return "\n".join(lines)
 
 
 __all__ = [

@@ -434,14 +434,15 @@ class StatusPublisher:
         return True
 
     def _intent(self, item: _Due) -> WriteIntent:
-        """The write as the budget sees it: its worth, level, job and target; it waits no
-        longer than a pass."""
+        """The write as the budget sees it: its worth, level, job and target; it waits about
+        a pass at most (then the next pass writes the newest state)."""
         return WriteIntent(
             level=int(item.report.level),
             job_id=int(item.row.id),
             value=write_value(item.report.state, item.reason),
             target=f"status:{item.row.forge}:{int(item.row.id)}",
-            max_wait_s=self.settings.interval_s,
+            # A pass's worth, and never less than a few of GitHub's one-second spacings.
+            max_wait_s=max(self.settings.interval_s, 5.0),
         )
 
     def _update(

@@ -39,6 +39,7 @@ def upgrade() -> None:
         sa.Column("id", sa.BigInteger(), autoincrement=True, nullable=False),
         sa.Column("budget_key", sa.Text(), nullable=False),
         sa.Column("spent_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("asked_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("value", sa.SmallInteger(), nullable=False),
         sa.Column("level", sa.SmallInteger(), nullable=False),
         sa.Column("action", sa.Text(), nullable=False),
