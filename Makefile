@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 LLM ?= simulated
 
-.PHONY: test demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm bench-engine bench-review clean
+.PHONY: test demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm bench-engine bench-review bench-forge clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ bench-engine: $(BENCH_STAMP)
 # reviews posted through the emulator, and SmolLM2-135M on the CPU vLLM (scripts/vllm_cpu.sh).
 bench-review: $(BENCH_STAMP)
 	$(BIN)/python bench/review_eval.py
+
+# 1,000 reviews in one hour through one GitHub installation and one GitLab token of the
+# emulator (its secondary limits on), in compressed time, through what `bot serve` runs.
+bench-forge: $(BENCH_STAMP)
+	$(BIN)/python bench/forge_budget.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info

@@ -13,6 +13,7 @@ from bot.model import Level
 from bot.policy import load_policy_book
 from bot.sched.mlfq import MlfqSettings
 from bot.sim.clairvoyant import clairvoyant, policy_levels
+from bot.sim.forge_budget import limits_for
 from bot.sim.metrics import RequestOutcome, summarize
 from bot.sim.replay import render_text, simulate
 from bot.sim.trace import Trace, TraceHeader, TraceRequest, TraceShape, generate_trace
@@ -169,3 +170,23 @@ async def test_a_hotfix_preempts_a_long_call_instead_of_waiting_for_it(pg_server
     # the preempted call ran 20 s before it gave way, and those seconds count
     assert preempting["wasted_gpu_s"] == pytest.approx(20.0 - 0.3, abs=0.01)
     assert preempting["gpu_s"] == pytest.approx(service_sum + preempting["wasted_gpu_s"])
+
+
+async def test_the_replay_posts_through_one_installations_write_budget(pg_server: str) -> None:
+    """300 reviews in an hour through one GitHub installation (about 900 writes against 500 an
+    hour): every review is posted, a P0's review waits far less than a P2's, the writes keep
+    the hour's limit, and the turnaround counts the posting wait."""
+    hour = generate_trace(
+        TraceShape(requests=300, duration_s=3600.0, peak_at_s=1800.0, peak_width_s=600.0),
+        seed=26,
+    )
+    budgeted = await simulate(
+        hour, policy="mlfq", workers=16, database_url=pg_server, forge_budget=limits_for("github")
+    )
+    stats = budgeted["forge_budget"]
+    assert stats["never_posted"] == 0 and budgeted["completed"] == budgeted["requests"]
+    delay = stats["posting_delay"]
+    assert delay["P0"]["p95_s"] < 60 < delay["P2"]["median_s"]
+    assert stats["writes"] <= 500 * (stats["last_write_s"] / 3600 + 1)
+    assert 1.0 <= stats["writes_per_review"] <= 4.0
+    assert budgeted["all"]["turnaround"]["p95"] > delay["P2"]["median_s"]

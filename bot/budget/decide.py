@@ -171,25 +171,23 @@ def next_slot(
     windows = limits.windows()
     keeps = tuple(keep) or (0,) * len(windows)
     interval = limits.min_interval_s
+    tolerance = 1e-6  # float sums must not keep a slot moving by nothing
     while True:
-        moved = False
+        start_at = moment
         if interval > 0 and spent:
             index = bisect.bisect_right(spent, moment)
-            if index > 0 and moment - spent[index - 1] < interval:
+            if index > 0 and moment - spent[index - 1] < interval - tolerance:
                 moment = spent[index - 1] + interval
-                moved = True
-            elif index < len(spent) and spent[index] - moment < interval:
+            elif index < len(spent) and spent[index] - moment < interval - tolerance:
                 moment = spent[index] + interval
-                moved = True
         for (seconds, limit), kept in zip(windows, keeps, strict=True):
             allowed = max(1, limit - kept)
             start = bisect.bisect_right(spent, moment - seconds - limits.margin_s)
             end = bisect.bisect_right(spent, moment)
             if end - start >= allowed:
                 moment = max(moment, spent[end - allowed] + seconds + limits.margin_s)
-                moved = True
-        if not moved:
-            return moment
+        if moment <= start_at + tolerance:
+            return max(moment, start_at)
 
 
 def schedule(
