@@ -174,8 +174,8 @@ async def test_a_hotfix_preempts_a_long_call_instead_of_waiting_for_it(pg_server
 
 async def test_the_replay_posts_through_one_installations_write_budget(pg_server: str) -> None:
     """300 reviews in an hour through one GitHub installation (about 900 writes against 500 an
-    hour): every review is posted, a P0's review waits far less than a P2's, the writes keep
-    the hour's limit, and the turnaround counts the posting wait."""
+    hour): every review is posted, a P0's review hardly waits while P1 and P2 reviews wait up
+    to the next hour, the writes keep the hour's limit, and the turnaround counts the wait."""
     hour = generate_trace(
         TraceShape(requests=300, duration_s=3600.0, peak_at_s=1800.0, peak_width_s=600.0),
         seed=26,
@@ -186,7 +186,7 @@ async def test_the_replay_posts_through_one_installations_write_budget(pg_server
     stats = budgeted["forge_budget"]
     assert stats["never_posted"] == 0 and budgeted["completed"] == budgeted["requests"]
     delay = stats["posting_delay"]
-    assert delay["P0"]["p95_s"] < 60 < delay["P2"]["median_s"]
+    assert delay["P0"]["p95_s"] < 60 < min(delay["P1"]["p95_s"], delay["P2"]["p95_s"])
     assert stats["writes"] <= 500 * (stats["last_write_s"] / 3600 + 1)
     assert 1.0 <= stats["writes_per_review"] <= 4.0
-    assert budgeted["all"]["turnaround"]["p95"] > delay["P2"]["median_s"]
+    assert budgeted["all"]["turnaround"]["p95"] > delay["P1"]["p95_s"] / 2
