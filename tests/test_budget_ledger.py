@@ -9,6 +9,8 @@ from datetime import datetime, timedelta
 import aiohttp
 import pytest
 from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -28,6 +30,7 @@ from bot.forges.base import RetryPolicy
 from bot.forges.github import GitHubClient
 from bot.obs.metrics import setup_metrics
 from tests.test_metrics import ClientMaker, samples
+from tests.test_status_publisher import APP_ID
 
 TOKEN = "ghp-budget"
 REPO = "acme/shop"
@@ -63,6 +66,20 @@ async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
         yield client
+
+
+def app_key() -> tuple[str, str]:
+    """A GitHub App's private key and the public key the emulator checks its JWTs with."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    return private, public
 
 
 def shared(engine: AsyncEngine, clock: VirtualClock) -> PostgresWriteBudget:
@@ -234,3 +251,27 @@ async def test_metrics_show_the_budget_left_per_installation(
     assert values["review_bot_forge_writes_left", (*labels, ("window", "hour"))] == 496
     assert values["review_bot_forge_writes_waiting", labels] == 0
     assert values["review_bot_forge_paused_seconds", labels] == 30
+
+
+async def test_a_write_that_waits_past_the_token_hour_goes_out_with_a_fresh_token(
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+) -> None:
+    """The installation's hour of writes is spent: the next comment waits for it to turn,
+    longer than the installation token it had lives. It goes out with a new token, not a 401."""
+    private, public = app_key()
+    emulator.state.register_app(APP_ID, public)
+    budget = LocalWriteBudget(
+        now=clock.now,
+        sleep=clock.sleep,
+        settings=BudgetSettings({"github": BudgetLimits(per_minute=0, per_hour=2)}),
+    )
+    github = GitHubClient(session, base_url=emulator.github_url, app_id=APP_ID,
+                          private_key=private, clock=clock.now, sleep=clock.sleep,
+                          budget=budget)  # fmt: skip
+    with writing(WriteIntent(level=0)):
+        await post_comments(github, 3, "app")
+    assert len(comment_times(emulator)) == 3
+    assert comment_times(emulator)[-1] - comment_times(emulator)[0] >= timedelta(hours=1)
+    assert not [item for item in emulator.state.requests if item.status == 401]

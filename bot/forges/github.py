@@ -351,9 +351,12 @@ class GitHubClient:
                 if found is not None:
                     return found
             try:
-                token = await self._access_token(repo, installation_id)
                 if write is not None:
+                    if self._token is None:
+                        await self._installation_for(repo, installation_id)
                     await self._budget.spend(self._budget_key(repo), action=action, value=write)
+                # After the budget's wait (which can outlast an installation token's hour).
+                token = await self._access_token(repo, installation_id)
                 await check_write_guard(action)
                 return await operation(token)
             except gidgethub.HTTPException as exc:
