@@ -239,14 +239,24 @@ def line_slot(
     me: Claim, ahead: Sequence[Claim], spent: Sequence[float], *, after: float, limits: BudgetLimits
 ) -> float:
     """When `me` fits, the claims ranked before it planned first, each with its own reserve
-    (so a claim kept out by its reserve does not hold up one allowed to spend)."""
+    (so a claim kept out by its reserve does not hold up one allowed to spend).
+
+    A claim whose reserves are no smaller than those of one already planned later cannot go
+    before it: it is not planned (the line stays a few dozen plans long however many wait).
+    """
     times = list(spent)
+    blocked: list[tuple[int, ...]] = []
     for claim in sorted(ahead, key=Claim.rank):
+        keep = tuple(keeps_of(claim, limits))
+        if any(all(mine >= theirs for mine, theirs in zip(keep, other, strict=True))
+               for other in blocked):  # fmt: skip
+            continue
         if claim.value == WriteValue.NEWS and news_pressed(claim, spent, 0, limits):
             continue  # it will be dropped, not spent
-        bisect.insort(
-            times, next_slot(times, after=after, limits=limits, keep=keeps_of(claim, limits))
-        )
+        slot = next_slot(times, after=after, limits=limits, keep=keep)
+        bisect.insort(times, slot)
+        if slot > after:
+            blocked.append(keep)
     return next_slot(times, after=after, limits=limits, keep=keeps_of(me, limits))
 
 
