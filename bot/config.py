@@ -176,6 +176,7 @@ class Settings:
     llm_model: str = "review-model"
     llm_api_key: str | None = None
     llm_pass_priority: bool = True
+    llm_stream: bool = True
     llm_timeout_s: float = 600.0
     # Answer tokens asked for per chunk (the chunk budget leaves room for them).
     llm_max_tokens: int = 1024
@@ -469,6 +470,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         llm_model=env.get("REVIEW_BOT_LLM_MODEL", "review-model"),
         llm_api_key=_secret(env, "REVIEW_BOT_LLM_API_KEY"),
         llm_pass_priority=_bool(env, "REVIEW_BOT_LLM_PRIORITY", True),
+        llm_stream=_bool(env, "REVIEW_BOT_LLM_STREAM", True),
         llm_timeout_s=_float(env, "REVIEW_BOT_LLM_TIMEOUT_S", 600.0),
         llm_max_tokens=_positive_int(env, "REVIEW_BOT_LLM_MAX_TOKENS", 1024),
         context_tokens=_non_negative_int(env, "REVIEW_BOT_CONTEXT_TOKENS", DEFAULT_CONTEXT_TOKENS),

@@ -13,14 +13,17 @@ from bot.config import WindowSettings
 from bot.llm.batching import PROFILES, BatchedEngine, BatchingProfile, Finished
 from bot.sched.engines import Engine, choose_engine, free_places
 from bot.sched.p0_room import (
+    NEAR_END_SHARE,
     REFERENCE_MAX,
     PacePoint,
     SharingCall,
     add_point,
     bucket_of,
     calls_to_take_back,
+    near_end,
     p0_companions,
     solo_pace,
+    tokens_left,
 )
 
 
@@ -266,3 +269,62 @@ def test_a_p0_keeps_its_pace_on_any_batching_curve(base: float, knee: int) -> No
     windows = WindowSettings(floor=1, ceiling=48, initial=4)
     slowdown, _ = run_with_a_p0(model, windows)
     assert slowdown <= windows.p0_slowdown * 1.1
+
+
+def test_streaming_calls_with_most_left_give_way_never_one_near_its_end() -> None:
+    ours = [
+        SharingCall(1, 30.0, tokens_done=10, tokens_expected=400),  # 390 left, oldest
+        SharingCall(2, 2.0, tokens_done=0, tokens_expected=100),  # 100 left, newest
+        SharingCall(3, 12.0, tokens_done=390, tokens_expected=400),  # near its end
+        SharingCall(4, 5.0, tokens_done=50, tokens_expected=300),  # 250 left
+    ]
+    assert calls_to_take_back(running=6, p0_running=1, companions=3, ours=ours) == (1, 4)
+    # Room for all but the P0: still never the call about to finish.
+    assert calls_to_take_back(running=6, p0_running=1, companions=0, ours=ours) == (1, 4, 2)
+    # Without an expected length of their own, calls are measured against the engine's usual.
+    plain = [SharingCall(5, 1.0, tokens_done=20), SharingCall(6, 9.0, tokens_done=190)]
+    assert calls_to_take_back(
+        running=3, p0_running=1, companions=0, ours=plain, typical_tokens=200
+    ) == (5,)
+    # With no usual length known, progress cannot rank them: newest first, as without it.
+    assert calls_to_take_back(running=3, p0_running=1, companions=0, ours=plain) == (5, 6)
+
+
+progress_calls = st.lists(
+    st.tuples(st.floats(0, 600), st.integers(0, 2000), st.integers(1, 2000)),
+    max_size=40,
+)
+
+
+@given(
+    running=st.integers(0, 80),
+    p0=st.integers(0, 5),
+    companions=st.integers(0, 48),
+    calls=progress_calls,
+)
+def test_take_back_by_progress_spares_calls_near_their_end_and_takes_most_left(
+    running: int, p0: int, companions: int, calls: list[tuple[float, int, int]]
+) -> None:
+    ours = [
+        SharingCall(index, elapsed, tokens_done=min(done, expected), tokens_expected=expected)
+        for index, (elapsed, done, expected) in enumerate(calls)
+    ]
+    victims = calls_to_take_back(running=running, p0_running=p0, companions=companions, ours=ours)
+    assert len(victims) == len(set(victims))
+    takeable = [call for call in ours if not near_end(call, typical_tokens=None)]
+    excess = max(0, running - p0 - companions) if p0 > 0 else 0
+    assert len(victims) == min(excess, len(takeable))
+    by_id = {call.chunk_id: call for call in ours}
+    for chunk_id in victims:
+        call = by_id[chunk_id]
+        assert call.tokens_expected is not None and call.tokens_done is not None
+        assert call.tokens_expected - call.tokens_done > NEAR_END_SHARE * call.tokens_expected
+
+    def left(call: SharingCall) -> float:
+        value = tokens_left(call, typical_tokens=None)
+        assert value is not None
+        return value
+
+    kept = [left(call) for call in takeable if call.chunk_id not in victims]
+    taken = [left(by_id[chunk_id]) for chunk_id in victims]
+    assert not kept or not taken or min(taken) >= max(kept)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,6 +34,27 @@ class LLMResponse:
     finish_reason: str | None = None
     # Attempts the server refused for load (429, 503) or let time out before this answer.
     overloads: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CallProgress:
+    """How far a running call's answer has come: tokens made, and the total when known."""
+
+    completion_tokens: int
+    # What the whole answer will take, when the backend knows it (a cost model does; a
+    # streaming server does not until it stops).
+    expected_tokens: int | None = None
+
+
+# Where a dispatcher reads a running chunk's progress: chunk id in, progress (or None) out.
+ProgressSource = Callable[[int], CallProgress | None]
+
+
+@runtime_checkable
+class ReportsProgress(Protocol):
+    """A backend that can say how far a running call of a chunk has come (None: unknown)."""
+
+    def progress(self, chunk_id: int) -> CallProgress | None: ...
 
 
 @runtime_checkable

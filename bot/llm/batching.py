@@ -201,6 +201,17 @@ class BatchedEngine:
         sequence_or_none = self._decode.pop(key, None)
         return finished, None if sequence_or_none is None else sequence_or_none.engine_s
 
+    def progress(self, key: Hashable) -> tuple[int, int] | None:
+        """(answer tokens made, answer tokens in all) of a running call as of `now_s`."""
+        for sequence in self._prefill:
+            if sequence.key == key:
+                return 0, round(sequence.decode_tokens)
+        decoding = self._decode.get(key)
+        if decoding is None:
+            return None
+        made = decoding.decode_tokens - max(0.0, decoding.tokens_left)
+        return math.floor(made + EPSILON), round(decoding.decode_tokens)
+
     def next_event_s(self) -> float | None:
         """When the next prefill or call ends if nothing is admitted before; None when idle."""
         if self._prefill:

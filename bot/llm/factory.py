@@ -64,6 +64,7 @@ def create_backend(settings: Settings) -> LLMBackend:
             api_key=settings.llm_api_key,
             timeout_s=settings.llm_timeout_s,
             pass_priority=settings.llm_pass_priority,
+            stream=settings.llm_stream,
             response_format=settings.llm_response_format,  # type: ignore[arg-type]
             affinity=affinity,
         )

@@ -16,9 +16,10 @@ from typing import Any, Literal
 import aiohttp
 
 from bot.errors import ConfigError, LLMError, LLMRequestRejected
-from bot.llm.base import LLMRequest, LLMResponse
+from bot.llm.base import CallProgress, LLMRequest, LLMResponse
 from bot.llm.routing import RouterAffinity
 from bot.llm.schema import REVIEW_SCHEMA
+from bot.llm.streaming import StreamedAnswer, StreamError, is_event_stream
 from bot.retry import call_with_retries, parse_retry_after
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class OpenAICompatBackend:
         pass_priority: bool = True,
         response_format: Literal["json_object", "json_schema"] | None = None,
         affinity: RouterAffinity | None = None,
+        stream: bool = True,
         session: aiohttp.ClientSession | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
@@ -143,6 +145,10 @@ class OpenAICompatBackend:
         self.response_format = response_format
         # Router mode: each call carries its review's session key (and cookies) and level.
         self.affinity = affinity
+        # Streamed answers tell how far each call has come (see `progress`); a server that
+        # does not stream answers with one JSON body, which is read as before.
+        self.stream = stream
+        self._progress: dict[int, int] = {}  # chunk id -> answer tokens so far
         self.session = session
         self.owns_session = session is None
         self.sleep = sleep
@@ -182,6 +188,9 @@ class OpenAICompatBackend:
         }
         if self.pass_priority and request.priority is not None:
             body["priority"] = int(request.priority)
+        if self.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         if self.response_format == "json_object":
             body["response_format"] = {"type": "json_object"}
         elif self.response_format == "json_schema":
@@ -349,6 +358,11 @@ class OpenAICompatBackend:
         due = min(worker.down_until for worker in self.workers) - self.clock()
         return max(0.0, min(max(due, self.backoff_s(attempt)), self.backoff_max_s))
 
+    def progress(self, chunk_id: int) -> CallProgress | None:
+        """Answer tokens a running call of the chunk has streamed so far; None if not running."""
+        tokens = self._progress.get(chunk_id)
+        return None if tokens is None else CallProgress(completion_tokens=tokens)
+
     async def attempt(
         self, worker: WorkerState, body: Mapping[str, Any], request: LLMRequest
     ) -> LLMResponse:
@@ -356,6 +370,9 @@ class OpenAICompatBackend:
         session = self.get_session()
         worker.in_flight += 1
         started = self.clock()
+        chunk_id = request.metadata.get("chunk_id")
+        tracked = chunk_id if isinstance(chunk_id, int) and self.stream else None
+        streamed: StreamedAnswer | None = None
         try:
             async with session.post(
                 worker.base_url + "/v1/chat/completions",
@@ -363,13 +380,24 @@ class OpenAICompatBackend:
                 headers=self.request_headers(request),
                 timeout=self.timeout,
             ) as response:
-                raw = await response.read()
                 status = response.status
                 retry_after = parse_retry_after(response.headers, now=datetime.now(UTC))
                 if self.affinity is not None:
                     self.affinity.remember(
                         request.metadata, response.headers.getall("Set-Cookie", ())
                     )
+                if status == 200 and is_event_stream(response.headers.get("Content-Type")):
+                    streamed = StreamedAnswer()
+                    if tracked is not None:
+                        self._progress[tracked] = 0
+                    async for line in response.content:
+                        if streamed.feed_line(line) and tracked is not None:
+                            self._progress[tracked] = streamed.completion_tokens
+                    raw = b""
+                else:
+                    raw = await response.read()
+        except StreamError as exc:
+            raise AttemptFailed(str(exc), retryable=True, eject=False) from exc
         except TimeoutError as exc:
             raise AttemptFailed("timed out", retryable=True, eject=False, overloaded=True) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
@@ -378,6 +406,8 @@ class OpenAICompatBackend:
             raise AttemptFailed(f"HTTP client error: {exc}", retryable=True, eject=False) from exc
         finally:
             worker.in_flight -= 1
+            if tracked is not None:
+                self._progress.pop(tracked, None)
         latency = self.clock() - started
         text = raw.decode("utf-8", "replace")
         if status != 200:
@@ -389,7 +419,18 @@ class OpenAICompatBackend:
                 retry_after=retry_after,
                 overloaded=status in OVERLOAD_STATUS,
             )
-        content, finish_reason, usage = read_completion(text)
+        if streamed is not None:
+            if not streamed.done and streamed.finish_reason is None:
+                raise AttemptFailed(
+                    "the stream ended before the answer", retryable=True, eject=False
+                )
+            content, finish_reason = streamed.text, streamed.finish_reason
+            usage: Mapping[str, Any] = {
+                "prompt_tokens": streamed.usage.get("prompt_tokens"),
+                "completion_tokens": streamed.completion_tokens,
+            }
+        else:
+            content, finish_reason, usage = read_completion(text)
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
         worker.consecutive_failures = 0

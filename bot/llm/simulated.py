@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from bot.diff import changed_lines, extract_files, parse_files
 from bot.errors import LLMError
-from bot.llm.base import LLMRequest, LLMResponse
+from bot.llm.base import CallProgress, LLMRequest, LLMResponse
 
 DEFAULT_OVERHEAD_S = 3.0
 DEFAULT_SECONDS_PER_LINE = 0.15
@@ -51,6 +52,7 @@ RULES: tuple[tuple[re.Pattern[str], str, str], ...] = (
 )
 
 Sleep = Callable[[float], Awaitable[None]]
+Clock = Callable[[], float]
 
 
 def stable_fraction(*parts: object) -> float:
@@ -73,6 +75,7 @@ class SimulatedBackend:
         max_findings_per_file: int = 3,
         worker: str = "simulated",
         fault_every: int = 0,
+        clock: Clock = time.monotonic,
     ) -> None:
         if overhead_s < 0 or seconds_per_line < 0 or time_scale < 0:
             raise ValueError("overhead_s, seconds_per_line and time_scale must be >= 0")
@@ -94,6 +97,19 @@ class SimulatedBackend:
         self.calls = 0
         self.gpu_seconds = 0.0
         self.closed = False
+        self.clock = clock
+        # Calls sleeping out their charge: chunk id -> (start, seconds, answer tokens), so
+        # their progress can be told as a streaming server would tell it.
+        self._running: dict[int, tuple[float, float, int]] = {}
+
+    def progress(self, chunk_id: int) -> CallProgress | None:
+        """Answer tokens a sleeping call has made so far, at an even pace over its time."""
+        running = self._running.get(chunk_id)
+        if running is None:
+            return None
+        started, seconds, tokens = running
+        share = 1.0 if seconds <= 0 else min(1.0, max(0.0, self.clock() - started) / seconds)
+        return CallProgress(completion_tokens=int(tokens * share), expected_tokens=tokens)
 
     def charge(self, metadata: Mapping[str, Any], prompt_lines: int) -> float:
         """GPU seconds of one call under the trace cost model."""
@@ -137,13 +153,20 @@ class SimulatedBackend:
             text = "Sure! Here are my thoughts on this change: looks mostly fine."
         else:
             text = json.dumps(self.review(files), ensure_ascii=False)
+        completion_tokens = max(1, len(text) // 4)
         if self.sleep is not None and self.time_scale > 0:
-            await self.sleep(gpu_seconds * self.time_scale)
+            seconds = gpu_seconds * self.time_scale
+            if chunk_id:
+                self._running[chunk_id] = (self.clock(), seconds, completion_tokens)
+            try:
+                await self.sleep(seconds)
+            finally:
+                self._running.pop(chunk_id, None)
         prompt_chars = sum(len(m.get("content", "")) for m in request.messages)
         return LLMResponse(
             text=text,
             prompt_tokens=max(1, prompt_chars // 4),
-            completion_tokens=max(1, len(text) // 4),
+            completion_tokens=completion_tokens,
             latency_s=gpu_seconds * self.time_scale if self.sleep is not None else gpu_seconds,
             gpu_seconds=gpu_seconds,
             worker=self.worker,

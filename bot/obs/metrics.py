@@ -171,6 +171,11 @@ class Metrics:
         self.lease_reclaims = Counter(
             "review_bot_lease_reclaims", "Chunks whose lease expired and were reclaimed", registry=r
         )
+        self.recomputed_tokens = Counter(
+            "review_bot_recomputed_tokens",
+            "Answer tokens thrown away by calls taken back for P0 room (made again later)",
+            registry=r,
+        )
         self.dead_jobs = Counter(
             "review_bot_dead_jobs", "Jobs that ended dead (a chunk out of attempts)", registry=r
         )
@@ -322,6 +327,10 @@ class Metrics:
     def count_reclaims(self, count: int) -> None:
         if count > 0:
             self.lease_reclaims.inc(count)
+
+    def count_recomputed_tokens(self, tokens: int) -> None:
+        if tokens > 0:
+            self.recomputed_tokens.inc(tokens)
 
     def count_dead(self, count: int = 1) -> None:
         if count > 0:

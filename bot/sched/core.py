@@ -12,7 +12,7 @@ from typing import Any
 from bot.clock import Clock
 from bot.config import SchedulerSettings
 from bot.errors import LeaseLost, LLMError
-from bot.llm.base import LLMBackend
+from bot.llm.base import CallProgress, LLMBackend, ProgressSource, ReportsProgress
 from bot.model import LEVELS, JobState, Level
 from bot.obs.metrics import Metrics
 from bot.queue.store import ChunkOutcome, Leased, QueueStore
@@ -147,6 +147,12 @@ class DispatcherCore:
         self._preempted: set[int] = set()
         self._next_maintenance = 0.0
         self._started: set[int] = set()  # live mode: chunks whose task was started
+        # How far each running call's answer has come, where the backend can say (streaming);
+        # the replay points it at its engine model instead.
+        self.progress: ProgressSource | None = (
+            backend.progress if isinstance(backend, ReportsProgress) else None
+        )
+        self.recomputed_tokens = 0  # answer tokens thrown away by taking calls back
 
     # --- pure-ish steps (the replay drives these under a virtual clock) ---------------------
 
@@ -319,7 +325,15 @@ class DispatcherCore:
         for chunk_id, held, elapsed in self._in_calls(now):
             engine = self.engines.engine_of(chunk_id)
             if engine is not None and held.chunk.level != Level.P0:
-                ours.setdefault(engine, []).append(SharingCall(chunk_id, elapsed))
+                progress = self._progress_of(chunk_id)
+                ours.setdefault(engine, []).append(
+                    SharingCall(
+                        chunk_id,
+                        elapsed,
+                        tokens_done=None if progress is None else progress.completion_tokens,
+                        tokens_expected=None if progress is None else progress.expected_tokens,
+                    )
+                )
         taken: list[Leased] = []
         for chunk_id in self.engines.to_take_back(ours):
             victim = await self._take_back(chunk_id, "room for a P0 call on its engine", load, now)
@@ -332,8 +346,16 @@ class DispatcherCore:
     ) -> Leased | None:
         """Cancel a running chunk's call and queue the chunk again, no attempt counted."""
         victim = self.held.get(chunk_id)
-        if victim is None or not self._cancel_call(chunk_id):
+        if victim is None:
             return None
+        # Read before the call is cancelled: a cancelled call forgets its progress.
+        progress = self._progress_of(chunk_id)
+        if not self._cancel_call(chunk_id):
+            return None
+        lost_tokens = 0 if progress is None else progress.completion_tokens
+        self.recomputed_tokens += lost_tokens
+        if self.metrics is not None and lost_tokens:
+            self.metrics.count_recomputed_tokens(lost_tokens)
         del self.held[chunk_id]
         chunk = victim.chunk
         used_s = (now - chunk.started_at).total_seconds() if chunk.started_at else 0.0
@@ -350,12 +372,17 @@ class DispatcherCore:
         )
         self.preemptions += 1
         log.info(
-            "preempted chunk %s of job %s (%s) for P0 work: %s",
+            "preempted chunk %s of job %s (%s) for P0 work: %s; %s answer tokens to recompute",
             chunk_id,
             chunk.job_id,
             chunk.level,
             reason,
-            extra={"action": "preempt", "job_id": chunk.job_id},
+            lost_tokens if progress is not None else "unknown",
+            extra={
+                "action": "preempt",
+                "job_id": chunk.job_id,
+                "recomputed_tokens": lost_tokens if progress is not None else None,
+            },
         )
         if self.on_preempt is not None:
             await self.on_preempt(victim, now)
@@ -398,6 +425,9 @@ class DispatcherCore:
                 )
             )
         return calls
+
+    def _progress_of(self, chunk_id: int) -> CallProgress | None:
+        return None if self.progress is None else self.progress(chunk_id)
 
     def _cancel_call(self, chunk_id: int) -> bool:
         """Live mode: cancel the chunk's LLM call (the HTTP request is aborted) if still on."""

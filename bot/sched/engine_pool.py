@@ -131,6 +131,9 @@ class EnginePool:
                 p0_running=p0_count,
                 companions=engine.p0_companions,
                 ours=ours.get(engine.name, []),
+                typical_tokens=engine.completion_tokens / engine.completed
+                if engine.completed
+                else None,
             )
         return victims
 

@@ -4,8 +4,9 @@ A P0 chunk is admitted above a full window at once, but admission is not speed. 
 past its knee (a CPU, or a GPU batched into compute-bound territory) every decoding step takes
 longer the more sequences share it, so a P0 in a batch of twenty crawls at a fraction of its
 pace alone. On such an engine the P0 gets room: only `companions` other calls keep running
-beside it, and the most recently started of the rest are taken back (their HTTP call closed,
-which vLLM answers by aborting the sequence) and queued again.
+beside it, and the rest are taken back (their HTTP call closed, which vLLM answers by aborting
+the sequence) and queued again: where calls stream their answers, those with the most answer
+left and never one near its end, else the most recently started.
 
 How many companions is learned from the engine itself. Every answered call gives a point: its
 mean concurrency over its life (latency over its processor-sharing share of engine seconds)
@@ -32,6 +33,9 @@ REFERENCE_MAX = 4.0
 # Weight of a new point in its bucket's running mean: recent enough to follow a changed
 # engine, smooth enough that one long prompt does not move it.
 POINT_WEIGHT = 0.3
+# A call with at most this share of its answer left is about to give its place back by
+# itself: taking it back would throw away nearly all of its work for a moment's room.
+NEAR_END_SHARE = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,32 +137,79 @@ def p0_companions(
 
 @dataclass(frozen=True, slots=True)
 class SharingCall:
-    """A lower-level call of this process on the engine, as the P0's room sees it."""
+    """A lower-level call of this process on the engine, as the P0's room sees it.
+
+    `tokens_done` is its answer so far where the backend streams (None: unknown);
+    `tokens_expected` the whole answer's length where the backend knows it.
+    """
 
     chunk_id: int
     elapsed_s: float
+    tokens_done: int | None = None
+    tokens_expected: int | None = None
+
+
+def tokens_left(call: SharingCall, *, typical_tokens: float | None) -> float | None:
+    """Answer tokens the call has still to make; None without progress or a length to expect.
+
+    Without its own expected length a call is expected to answer like the engine's answered
+    calls (`typical_tokens`); one already past that is read as near its end.
+    """
+    if call.tokens_done is None:
+        return None
+    expected = call.tokens_expected if call.tokens_expected is not None else typical_tokens
+    if expected is None or expected <= 0:
+        return None
+    return max(0.0, expected - call.tokens_done)
+
+
+def near_end(call: SharingCall, *, typical_tokens: float | None) -> bool:
+    """Whether the call has at most `NEAR_END_SHARE` of its answer left (never taken back)."""
+    left = tokens_left(call, typical_tokens=typical_tokens)
+    if left is None:
+        return False
+    expected = call.tokens_expected if call.tokens_expected is not None else typical_tokens
+    assert expected is not None  # tokens_left said it is known
+    return left <= NEAR_END_SHARE * expected
 
 
 def calls_to_take_back(
-    *, running: int, p0_running: int, companions: int, ours: Sequence[SharingCall]
+    *,
+    running: int,
+    p0_running: int,
+    companions: int,
+    ours: Sequence[SharingCall],
+    typical_tokens: float | None = None,
 ) -> tuple[int, ...]:
     """Which of this process's lower-level calls on the engine give way to its P0 calls.
 
     `running` counts every call on the engine (all processes), `p0_running` the P0 ones. The
-    excess over the P0 calls and their companions goes, most recently started first (the
-    least work lost); a process takes back only its own calls, so several processes may
-    together take back a little more than needed, never less.
+    excess over the P0 calls and their companions goes: where every call reports its progress,
+    those with the most answer left first (the least work lost, and the most engine time
+    given back); otherwise the most recently started first. A call near its end is never
+    taken back, even if the P0 then shares the engine with one more call for a moment. A
+    process takes back only its own calls, so several processes may together take back a
+    little more than needed, never less.
     """
     if p0_running <= 0:
         return ()
     excess = running - p0_running - max(0, companions)
     if excess <= 0:
         return ()
-    newest_first = sorted(ours, key=lambda call: (call.elapsed_s, -call.chunk_id))
-    return tuple(call.chunk_id for call in newest_first[:excess])
+    candidates = [call for call in ours if not near_end(call, typical_tokens=typical_tokens)]
+    left = {call.chunk_id: tokens_left(call, typical_tokens=typical_tokens) for call in candidates}
+    if candidates and all(value is not None for value in left.values()):
+        order = sorted(
+            candidates,
+            key=lambda call: (-(left[call.chunk_id] or 0.0), call.elapsed_s, -call.chunk_id),
+        )
+    else:
+        order = sorted(candidates, key=lambda call: (call.elapsed_s, -call.chunk_id))
+    return tuple(call.chunk_id for call in order[:excess])
 
 
 __all__ = [
+    "NEAR_END_SHARE",
     "POINT_WEIGHT",
     "REFERENCE_MAX",
     "PacePoint",
@@ -166,6 +217,8 @@ __all__ = [
     "add_point",
     "bucket_of",
     "calls_to_take_back",
+    "near_end",
     "p0_companions",
     "solo_pace",
+    "tokens_left",
 ]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bot.llm.base import CallProgress
 from bot.llm.batching import BatchedEngine, BatchingProfile, Finished
 from bot.queue.store import Leased
 from bot.sched.ports import ReviewedChunk
@@ -47,6 +48,17 @@ class BatchedEngines:
         self.models[engine].admit(
             chunk.id, solo_s=review.gpu_seconds, lines=chunk.lines, now_s=now_s
         )
+
+    def progress(self, chunk_id: int) -> CallProgress | None:
+        """How far a running chunk's answer has come on its engine (as a stream would say)."""
+        entry = self._running.get(chunk_id)
+        if entry is None:
+            return None
+        state = self.models[entry[0]].progress(chunk_id)
+        if state is None:
+            return None
+        made, expected = state
+        return CallProgress(completion_tokens=made, expected_tokens=expected)
 
     def next_event_s(self) -> float | None:
         """The earliest time an engine's batch changes (a prefill or a call ends)."""

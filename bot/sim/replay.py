@@ -190,6 +190,9 @@ async def replay_trace(
         engines=pool,
     )
     dispatcher = pipeline.dispatcher
+    if batched is not None:
+        # Calls run on the engine model, which knows how far each answer has come.
+        dispatcher.progress = batched.progress
     # -- the status ETA's accuracy (bot.status): what a review is promised when first shown --
     eta: EtaRecorder | None = None
     if record_eta:
@@ -304,6 +307,7 @@ async def replay_trace(
     result["preemptions"] = waste["preemptions"]
     result["preempted_first_chunks"] = waste["first_chunks"]
     result["wasted_gpu_s"] = round(waste["gpu_s"], 3)
+    result["recomputed_tokens"] = dispatcher.recomputed_tokens
     if batched is not None and pool is not None:
         result["batching"] = batched.summary(float(result.get("makespan_s") or 0.0))
         result["batching"]["windows"] = {
