@@ -276,9 +276,11 @@ class PostgresWriteBudget(_BudgetLoop):
                 "asked_at": request.asked_at,
             },
         )
-        before = now - timedelta(seconds=2 * HOUR_S)
+        # A day of writes stays for reports (how long reviews waited for the budget).
+        before = now - timedelta(seconds=24 * HOUR_S)
         await conn.execute(sql.PRUNE_WRITES, {"key": name, "before": before})
-        await conn.execute(sql.PRUNE_CLAIMS, {"key": name, "before": before})
+        stale = now - timedelta(seconds=HOUR_S)
+        await conn.execute(sql.PRUNE_CLAIMS, {"key": name, "before": stale})
 
     async def _forget(self, key: BudgetKey, claim_id: int) -> None:
         try:
