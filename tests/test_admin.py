@@ -23,12 +23,16 @@ from bot.model import Level
 from bot.obs.alerts import AlertMonitor
 from bot.obs.dashboard import (
     COOKIE_NAME,
+    DashboardView,
+    EngineWork,
     WaitPoint,
     bearer_token,
+    render_dashboard,
     setup_admin,
     wait_histogram,
     wait_series,
 )
+from bot.obs.metrics import read_queue_snapshot
 from bot.queue.store import QueueStore
 from tests.factories import decide, make_request, plans
 from tests.obs_helpers import replayed_database
@@ -170,6 +174,39 @@ async def test_the_dashboard_lists_waiting_reviews_with_their_status_place_and_e
     ]  # fmt: skip
     assert all(eta.startswith("review in about ") for *_, eta in rows)
     assert rows[-1][3] != rows[0][3]  # the last three wait for the first wave
+
+
+async def test_hostile_text_on_the_page_is_escaped(
+    aiohttp_client: ClientMaker, store: QueueStore
+) -> None:
+    """What PR authors and engine operators choose reaches the page as text, never as markup."""
+    clock = VirtualClock()
+    settings = Settings(github_webhook_secret="s", gitlab_webhook_token="t", admin_token=TOKEN)
+    hostile = make_request(
+        repo="acme/<script>alert(1)</script>", title='<script>alert("title")</script>'
+    )
+    submitted = await store.submit_request(hostile, decide(), now=clock.now())
+    assert submitted.job_id is not None
+    await store.plan_job(submitted.job_id, plans(40), now=clock.now())
+    client = await aiohttp_client(create_app(settings, store=store, clock=clock))
+    page = await (await client.get("/admin", headers={"Authorization": f"Bearer {TOKEN}"})).text()
+    assert "acme/&lt;script&gt;alert(1)&lt;/script&gt;#7" in page
+    assert "<script" not in page
+
+    now = clock.now()
+    view = DashboardView(
+        now=now,
+        since=now - timedelta(hours=1),
+        queue=await read_queue_snapshot(store.engine, now=now),
+        waits=[],
+        alerts=[{"fired_at": now, "level": "P1", "repo": "<img src=x onerror=alert(2)>",
+                 "number": 7, "waited_s": 90.0, "state": '"><script>x</script>'}],
+        engines=[EngineWork('http://gpu"><script>y</script>', chunks=1, busy_s=1.0, tokens=5)],
+    )  # fmt: skip
+    rendered = render_dashboard(view)
+    assert "<script" not in rendered and "<img" not in rendered
+    assert "&lt;img src=x onerror=alert(2)&gt;#7" in rendered
+    assert 'data-engine="http://gpu&#34;&gt;&lt;script&gt;y&lt;/script&gt;"' in rendered
 
 
 # --- headless Chromium ---------------------------------------------------------------------

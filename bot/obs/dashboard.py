@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import html
 import itertools
 import math
 import statistics
@@ -19,7 +18,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import jinja2
 from aiohttp import web
+from markupsafe import Markup
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock
@@ -168,9 +169,16 @@ async def read_dashboard(
 
 # --- rendering (pure) ----------------------------------------------------------------------
 
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+# Autoescape on every template whatever its ending: the page shows repository names, PR titles
+# and engine URLs that whoever opens a PR or configures an engine chooses.
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("bot.obs", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
 
 
 def _number(value: float) -> str:
@@ -216,6 +224,15 @@ def histogram_labels(edges: Sequence[float] = DISTRIBUTION_EDGES) -> list[str]:
     return labels
 
 
+_TEMPLATES.filters.update(
+    num=_number, f1=lambda value: f"{value:.1f}", pct=lambda value: f"{value:.0%}"
+)
+
+
+def _render(template: str, **context: Any) -> Markup:
+    return Markup(_TEMPLATES.get_template(template).render(**context))
+
+
 def svg_grouped_bars(
     chart: str,
     categories: Sequence[str],
@@ -224,41 +241,44 @@ def svg_grouped_bars(
     title: str,
     width: int = 560,
     height: int = 240,
-) -> str:
+) -> Markup:
     """Grouped vertical bars, one group per category, one bar per level."""
     left, bottom, top = 40, 30, 20
     plot_w, plot_h = width - left - 10, height - bottom - top
     peak = max([1.0, *(value for values in series.values() for value in values)])
     group_w = plot_w / max(1, len(categories))
     bar_w = max(1.0, group_w * 0.8 / max(1, len(series)))
-    parts = [
-        f'<svg class="chart" data-chart="{_e(chart)}" role="img" aria-label="{_e(title)}" '
-        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        'xmlns="http://www.w3.org/2000/svg">',
-        f"<title>{_e(title)}</title>",
-        f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 10}" y2="{top + plot_h}" '
-        'stroke="#999"/>',
-        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" font-size="10">'
-        f"{_number(peak)}</text>",
-        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" font-size="10">0</text>',
-    ]
+    groups = []
     for index, category in enumerate(categories):
         x0 = left + index * group_w + group_w * 0.1
+        bars = []
         for offset, (level, values) in enumerate(series.items()):
             value = float(values[index]) if index < len(values) else 0.0
             bar_h = plot_h * value / peak
-            parts.append(
-                f'<rect class="bar" data-level="{level}" data-value="{_number(value)}" '
-                f'x="{x0 + offset * bar_w:.1f}" y="{top + plot_h - bar_h:.1f}" '
-                f'width="{bar_w:.1f}" height="{bar_h:.1f}" fill="{LEVEL_COLORS[level]}">'
-                f"<title>{level} {_e(category)}: {_number(value)}</title></rect>"
+            bars.append(
+                {
+                    "level": level,
+                    "value": value,
+                    "x": x0 + offset * bar_w,
+                    "y": top + plot_h - bar_h,
+                    "width": bar_w,
+                    "height": bar_h,
+                    "color": LEVEL_COLORS[level],
+                }
             )
-        parts.append(
-            f'<text x="{x0 + group_w * 0.4:.1f}" y="{height - 12}" text-anchor="middle" '
-            f'font-size="10">{_e(category)}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+        groups.append({"category": category, "bars": bars, "label_x": x0 + group_w * 0.4})
+    return _render(
+        "bars.svg",
+        chart=chart,
+        title=title,
+        width=width,
+        height=height,
+        left=left,
+        top=top,
+        axis_y=top + plot_h,
+        peak=peak,
+        groups=groups,
+    )
 
 
 def svg_lines(
@@ -271,7 +291,7 @@ def svg_lines(
     thresholds: Mapping[Level, float],
     width: int = 1140,
     height: int = 260,
-) -> str:
+) -> Markup:
     """One polyline per level over time (gaps where a bucket is empty), thresholds dashed."""
     left, bottom, top = 50, 30, 20
     plot_w, plot_h = width - left - 10, height - bottom - top
@@ -283,170 +303,103 @@ def svg_lines(
     def y_of(value: float) -> float:
         return top + plot_h - plot_h * min(value, peak) / peak
 
-    parts = [
-        f'<svg class="chart" data-chart="{_e(chart)}" role="img" aria-label="{_e(title)}" '
-        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        'xmlns="http://www.w3.org/2000/svg">',
-        f"<title>{_e(title)}</title>",
-        f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 10}" y2="{top + plot_h}" '
-        'stroke="#999"/>',
-        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" font-size="10">'
-        f"{_number(peak)} s</text>",
-        f'<text x="{left}" y="{height - 10}" font-size="10">'
-        f"{_e(since.strftime('%Y-%m-%d %H:%M'))}</text>",
-        f'<text x="{width - 10}" y="{height - 10}" text-anchor="end" font-size="10">'
-        f"{_e(until.strftime('%Y-%m-%d %H:%M'))} UTC</text>",
-    ]
-    for level, threshold in thresholds.items():
-        if threshold <= peak:
-            y = y_of(threshold)
-            parts.append(
-                f'<line class="threshold" data-level="{level}" x1="{left}" y1="{y:.1f}" '
-                f'x2="{width - 10}" y2="{y:.1f}" stroke="{LEVEL_COLORS[level]}" '
-                'stroke-dasharray="4 4" stroke-width="1"/>'
-            )
+    runs: list[dict[str, Any]] = []
     for level, points in series.items():
-        runs: list[list[str]] = [[]]
+        level_runs: list[list[tuple[str, str]]] = [[]]
         for index, value in enumerate(points):
             if value is None:
-                if runs[-1]:
-                    runs.append([])
+                if level_runs[-1]:
+                    level_runs.append([])
                 continue
-            runs[-1].append(f"{left + index * step:.1f},{y_of(value):.1f}")
-        for run in runs:
-            if len(run) == 1:
-                point_x, point_y = run[0].split(",")
-                parts.append(
-                    f'<circle class="point" data-level="{level}" cx="{point_x}" cy="{point_y}" '
-                    'r="2.5" '
-                    f'fill="{LEVEL_COLORS[level]}"/>'
-                )
-            elif run:
-                parts.append(
-                    f'<polyline class="series" data-level="{level}" points="{" ".join(run)}" '
-                    f'fill="none" stroke="{LEVEL_COLORS[level]}" stroke-width="2"/>'
-                )
-    parts.append("</svg>")
-    return "".join(parts)
+            level_runs[-1].append((f"{left + index * step:.1f}", f"{y_of(value):.1f}"))
+        runs += [
+            {"level": level, "color": LEVEL_COLORS[level], "points": run}
+            for run in level_runs
+            if run
+        ]
+    return _render(
+        "lines.svg",
+        chart=chart,
+        title=title,
+        width=width,
+        height=height,
+        left=left,
+        top=top,
+        axis_y=top + plot_h,
+        peak=peak,
+        since=since,
+        until=until,
+        thresholds=[
+            {"level": level, "y": y_of(threshold), "color": LEVEL_COLORS[level]}
+            for level, threshold in thresholds.items()
+            if threshold <= peak
+        ],
+        runs=runs,
+    )
 
 
 def svg_engine_utilization(
     engines: Sequence[EngineWork], *, window_s: float, width: int = 560
-) -> str:
+) -> Markup:
     """One horizontal bar per engine: the share of the window it was busy."""
-    if not engines:
-        return '<p class="muted" id="engines-none">no engine has finished a chunk yet</p>'
     row_h, left = 22, 180
-    height = row_h * len(engines) + 10
-    plot_w = width - left - 60
-    parts = [
-        f'<svg class="chart" data-chart="engines" role="img" aria-label="Engine utilization" '
-        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        'xmlns="http://www.w3.org/2000/svg">',
-        "<title>Engine utilization</title>",
-    ]
-    for index, work in enumerate(engines):
-        share = work.utilization(window_s)
-        y = 5 + index * row_h
-        parts.append(
-            f'<text x="{left - 6}" y="{y + 14}" text-anchor="end" font-size="11">'
-            f"{_e(work.engine[-28:])}</text>"
-            f'<rect class="bar" data-engine="{_e(work.engine)}" data-value="{share:.3f}" '
-            f'x="{left}" y="{y + 3}" width="{plot_w * share:.1f}" height="{row_h - 6}" '
-            f'fill="#4a7ab5"><title>{_e(work.engine)}: busy {share:.0%}</title></rect>'
-            f'<text x="{left + plot_w * share + 4:.1f}" y="{y + 14}" font-size="11">'
-            f"{share:.0%}</text>"
-        )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _engine_rows(engines: Sequence[EngineWork], *, window_s: float) -> str:
-    return "".join(
-        f"<tr><td>{_e(work.engine)}</td><td>{work.chunks}</td><td>{work.tokens}</td>"
-        f"<td>{_number(work.busy_s)}</td><td>{work.utilization(window_s):.0%}</td>"
-        f"<td>{_number(work.tokens / work.busy_s) if work.busy_s > 0 else '-'}</td></tr>"
-        for work in engines
+    return _render(
+        "engines.svg",
+        width=width,
+        height=row_h * len(engines) + 10,
+        row_h=row_h,
+        left=left,
+        plot_w=width - left - 60,
+        rows=[
+            {"engine": work.engine, "y": 5 + index * row_h, "share": work.utilization(window_s)}
+            for index, work in enumerate(engines)
+        ],
     )
 
 
-def _legend() -> str:
-    return "".join(
-        f'<span class="key"><i style="background:{color}"></i>{level}</span>'
-        for level, color in LEVEL_COLORS.items()
-    )
-
-
-def _stats_rows(view: DashboardView) -> str:
+def _stats_rows(view: DashboardView) -> list[list[str]]:
     rows = []
     for level in LEVELS:
         waits = [point.wait_s for point in view.waits if point.level == level]
         threshold = view.thresholds.get(level)
         breaches = sum(1 for w in waits if threshold is not None and w > threshold)
-        cells = [
-            str(level),
-            str(len(waits)),
-            _number(statistics.fmean(waits)) if waits else "–",
-            _number(percentile(waits, 0.5)) if waits else "–",
-            _number(percentile(waits, 0.95)) if waits else "–",
-            _number(percentile(waits, 0.99)) if waits else "–",
-            _number(max(waits)) if waits else "–",
-            "–" if threshold is None else f"{breaches} (&gt;{threshold:.0f} s)",
-        ]
-        rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
-    return "".join(rows)
+        rows.append(
+            [
+                str(level),
+                str(len(waits)),
+                _number(statistics.fmean(waits)) if waits else "–",
+                _number(percentile(waits, 0.5)) if waits else "–",
+                _number(percentile(waits, 0.95)) if waits else "–",
+                _number(percentile(waits, 0.99)) if waits else "–",
+                _number(max(waits)) if waits else "–",
+                "–" if threshold is None else f"{breaches} (>{threshold:.0f} s)",
+            ]
+        )
+    return rows
 
 
-def _next_up(reviews: Sequence[QueuedReview]) -> str:
-    if not reviews:
-        return '<p class="muted" id="next-up">No review is waiting.</p>'
-    rows = "".join(
-        f"<tr><td>{_e(item.place_text)}</td><td>{_e(item.level)}</td>"
-        f"<td>{_e(item.repo)}#{item.number} ({_e(item.forge)}, job {item.job_id})</td>"
-        f"<td>{_e(item.eta_text)}</td></tr>"
-        for item in sorted(reviews, key=lambda item: item.place)[:NEXT_UP]
-    )
-    return (
-        '<table id="next-up"><tr><th>place</th><th>level</th><th>review</th><th>ETA</th></tr>'
-        f"{rows}</table>"
-    )
-
-
-def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
-    if not alerts:
-        return '<tr><td colspan="5">no alerts</td></tr>'
+def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for alert in alerts:
         fired = alert.get("fired_at")
-        fired_text = fired.strftime("%Y-%m-%d %H:%M:%S") if isinstance(fired, datetime) else fired
         rows.append(
-            "<tr>"
-            f"<td>{_e(fired_text)}</td><td>{_e(alert.get('level'))}</td>"
-            f"<td>{_e(alert.get('repo'))}#{_e(alert.get('number'))}</td>"
-            f"<td>{_e(_number(float(alert.get('waited_s') or 0.0)))} s</td>"
-            f"<td>{_e(alert.get('state'))}</td>"
-            "</tr>"
+            {
+                "fired": fired.strftime("%Y-%m-%d %H:%M:%S")
+                if isinstance(fired, datetime)
+                else fired,
+                "level": alert.get("level"),
+                "repo": alert.get("repo"),
+                "number": alert.get("number"),
+                "waited_s": float(alert.get("waited_s") or 0.0),
+                "state": alert.get("state"),
+            }
         )
-    return "".join(rows)
-
-
-def _liveness_line(liveness: Liveness | None) -> str:
-    """Who does the work: live dispatchers and engines, loud when there are none."""
-    if liveness is None:
-        return ""
-    text = (
-        f"dispatchers alive: <b>{liveness.dispatchers}</b> &middot; engines in rotation: "
-        f"<b>{liveness.engines}</b> of {liveness.engines_known}"
-    )
-    if liveness.dispatchers == 0:
-        return f'<p id="liveness" class="alarm">{text}: no dispatcher takes work</p>'
-    return f'<p id="liveness">{text}</p>'
+    return rows
 
 
 def render_dashboard(view: DashboardView) -> str:
     """The whole page as one HTML document."""
     queue = view.queue
-    level_names = [str(level) for level in LEVELS]
     queue_chart = svg_grouped_bars(
         "queue",
         ["waiting", "blocked", "running"],
@@ -473,59 +426,28 @@ def render_dashboard(view: DashboardView) -> str:
         title="Wait distribution per level",
     )
     engine_window_s = (view.now - (view.engines_since or view.since)).total_seconds()
-    engines_chart = svg_engine_utilization(view.engines, window_s=engine_window_s)
-    engine_rows = _engine_rows(view.engines, window_s=engine_window_s)
-    oldest = "".join(f"<td>{_number(queue.oldest_wait_s[level])} s</td>" for level in LEVELS)
-    ready = "".join(f"<td>{queue.ready_chunks[level]}</td>" for level in LEVELS)
-    waiting = "".join(f"<td>{queue.waiting[level]}</td>" for level in LEVELS)
-    header = "".join(f"<th>{name}</th>" for name in level_names)
-    stamp = view.now.strftime("%Y-%m-%d %H:%M:%S UTC")
     minutes = (view.now - view.since).total_seconds() / 60
-    window = f"{minutes / 60:.0f} h" if minutes >= 120 else f"{minutes:.0f} min"
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>review-bot admin</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 20px; color: #222; }}
-h1 {{ font-size: 20px; margin: 0 0 4px; }} h2 {{ font-size: 16px; margin: 18px 0 6px; }}
-table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ddd; padding: 3px 8px; }}
-th {{ background: #f3f3f3; text-align: left; }} .row {{ display: flex; gap: 24px; }}
-.key {{ margin-right: 12px; }} .key i {{ display: inline-block; width: 10px; height: 10px;
-  margin-right: 4px; }} .muted {{ color: #777; }} .alarm {{ color: #b00; font-weight: bold; }}
-</style></head>
-<body>
-<h1>review-bot queue</h1>
-<p class="muted">as of {_e(stamp)}; charts cover the last {window}
-({len(view.waits)} jobs started). {_legend()}</p>
-<h2>Queue now</h2>
-{_liveness_line(view.liveness)}
-<div class="row"><div>{queue_chart}</div><div>
-<table id="queue-now"><tr><th></th>{header}</tr>
-<tr><th>waiting jobs</th>{waiting}</tr><tr><th>ready chunks</th>{ready}</tr>
-<tr><th>oldest wait</th>{oldest}</tr></table></div></div>
-<h2>Next up</h2>
-<p class="muted">Place and ETA as each review's check run or commit status gives them.</p>
-{_next_up(view.next_up)}
-<h2>Waits per level over time</h2>
-{waits_chart}
-<div class="row"><div>
-<h2>Wait distribution</h2>
-{distribution_chart}</div><div>
-<h2>Waits per level</h2>
-<table id="wait-stats"><tr><th>level</th><th>jobs</th><th>mean s</th><th>P50</th><th>P95</th>
-<th>P99</th><th>max</th><th>breaches</th></tr>{_stats_rows(view)}</table></div></div>
-<h2>Engines</h2>
-<p class="muted">busy share of each LLM server over the window: the engine seconds its chunks
-were charged (each its share of the batch it ran in) over the window's length</p>
-<div class="row"><div>{engines_chart}</div><div>
-<table id="engines"><tr><th>engine</th><th>chunks</th><th>tokens</th><th>busy s</th>
-<th>utilization</th><th>tokens per busy s</th></tr>{engine_rows}</table></div></div>
-<h2>Recent alerts</h2>
-<table id="alerts"><tr><th>fired</th><th>level</th><th>review</th><th>waited</th>
-<th>state now</th></tr>{_alert_rows(view.alerts)}</table>
-</body></html>
-"""
+    return str(
+        _render(
+            "dashboard.html",
+            stamp=view.now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+            window=f"{minutes / 60:.0f} h" if minutes >= 120 else f"{minutes:.0f} min",
+            jobs_started=len(view.waits),
+            colors=list(LEVEL_COLORS.items()),
+            liveness=view.liveness,
+            levels=list(LEVELS),
+            queue=queue,
+            queue_chart=queue_chart,
+            next_up=sorted(view.next_up, key=lambda item: item.place)[:NEXT_UP],
+            waits_chart=waits_chart,
+            distribution_chart=distribution_chart,
+            stats_rows=_stats_rows(view),
+            engines_chart=svg_engine_utilization(view.engines, window_s=engine_window_s),
+            engines=view.engines,
+            engine_window_s=engine_window_s,
+            alerts=_alert_rows(view.alerts),
+        )
+    )
 
 
 # --- handler -------------------------------------------------------------------------------
