@@ -16,8 +16,9 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import JobState
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
+from bot.review.forge_side import ReviewPipeline
 from bot.review.planner import claim_and_plan_jobs
-from bot.review.poster import PostingSettings, build_review, post_job_review, post_unposted
+from bot.review.poster import PostingSettings, build_review, post_job_review
 from tests.pipeline_helpers import (
     LOCK,
     SMELLY,
@@ -144,7 +145,7 @@ async def test_a_crash_between_post_and_commit_never_duplicates(
     await forges["github"].post_review(pull.repo, pull.number, review)
     assert [j.id for j in await store.unposted_jobs(now=clock.now())] == [job_id]
 
-    outcomes = await post_unposted(store, forges, now=clock.now())
+    outcomes = await ReviewPipeline(store, forges, book).recover(clock.now())
 
     assert [(o.job_id, o.result) for o in outcomes] == [(job_id, "already_posted")]
     assert len(reviews_of(emulator, pull)) == 1
@@ -226,9 +227,10 @@ async def test_a_forge_down_for_long_defers_then_posts_once(
     job = await store.get_job(job_id)
     assert job is not None and job.state == JobState.RUNNING
     assert job.last_error is not None and "503" in job.last_error
-    assert await post_unposted(store, forges, now=clock.now(), settings=settings) == []
+    recovery = ReviewPipeline(store, forges, book, posting=settings)
+    assert await recovery.recover(clock.now()) == []
     clock.advance(31)
-    later = await post_unposted(store, forges, now=clock.now(), settings=settings)
+    later = await recovery.recover(clock.now())
     assert [o.result for o in later] == ["posted"]
     assert len(reviews_of(emulator, pull)) == 1
 
@@ -302,7 +304,7 @@ async def test_a_completion_racing_a_recovery_pass_posts_once(
     settings = PostingSettings()
     completion, recovery = await asyncio.gather(
         post_job_review(store, forges, job_id, now=clock.now(), settings=settings),
-        post_unposted(store, forges, now=clock.now(), settings=settings),
+        ReviewPipeline(store, forges, book, posting=settings).recover(clock.now()),
     )
 
     results = [completion.result, *(o.result for o in recovery)]

@@ -287,29 +287,6 @@ def plan_chunks(
     return ChunkingResult(chunks=chunks, skipped=tuple(skipped))
 
 
-def plan_chunks_from_lines(
-    file_lines: Sequence[int],
-    *,
-    line_budget: int = DEFAULT_LINE_BUDGET,
-    first_budget: int | None = DEFAULT_FIRST_BUDGET,
-) -> ChunkingResult:
-    """Chunk a review known only by changed lines per file (a trace's `file_lines`)."""
-    if line_budget < 1:
-        raise ValueError(f"line_budget must be at least 1, got {line_budget}")
-    pieces: list[_Piece] = []
-    for index, lines in enumerate(file_lines):
-        if lines < 0:
-            raise ValueError(f"file {index} has a negative line count: {lines}")
-        counts = _even_split(lines, line_budget) if lines > line_budget else [lines]
-        for number, part_lines in enumerate(counts, start=1):
-            entry: dict[str, Any] = {"index": index, "lines": part_lines}
-            if len(counts) > 1:
-                entry.update(part=number, parts=len(counts))
-            pieces.append(_Piece(entry, part_lines))
-    chunks = _with_first_chunk(pieces, line_budget=line_budget, first_budget=first_budget)
-    return ChunkingResult(chunks=chunks)
-
-
 def plan_single_chunk(file_lines: Sequence[int]) -> ChunkingResult:
     """The whole review as one call (fifo and priority policies: no time slicing)."""
     entries = tuple({"index": i, "lines": n} for i, n in enumerate(file_lines))

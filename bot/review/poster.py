@@ -275,28 +275,12 @@ async def _defer_or_fail(
     return PostingOutcome(job.id, result, detail=detail)
 
 
-async def post_unposted(
-    store: QueueStore,
-    forges: Mapping[str, ForgeClient],
-    *,
-    now: datetime,
-    limit: int = 20,
-    settings: PostingSettings | None = None,
-) -> list[PostingOutcome]:
-    """Post jobs whose chunks all finished but whose review is not recorded (crash recovery)."""
-    return [
-        await post_job_review(store, forges, job.id, now=now, settings=settings)
-        for job in await store.unposted_jobs(limit=limit, now=now)
-    ]
-
-
 __all__ = [
     "PostingOutcome",
     "PostingSettings",
     "build_review",
     "lease_lost",
     "post_job_review",
-    "post_unposted",
     "render_comment",
     "review_chunk_of",
     "review_record",
