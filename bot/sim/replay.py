@@ -37,7 +37,7 @@ from bot.review.engine import default_request
 from bot.review.planner import PlanningSettings
 from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.engine_pool import EnginePool
-from bot.sched.mlfq import MlfqSettings, SchedulingPolicy
+from bot.sched.mlfq import MlfqSettings, SchedulingPolicy, ServiceEstimator
 from bot.sim.batched import BatchedEngines
 from bot.sim.forge import memory_forges
 from bot.sim.forge_budget import limits_for, through_budget
@@ -114,6 +114,7 @@ async def replay_trace(
     batching: BatchingProfile | None = None,
     window: WindowSettings | None = None,
     forge_budget: BudgetLimits | None = None,
+    estimator: ServiceEstimator | None = None,
 ) -> dict[str, Any]:
     """Replay `trace` against the (already migrated) database; returns the summary object.
 
@@ -188,6 +189,7 @@ async def replay_trace(
         build_request=build_request,
         on_preempt=chunk_preempted,
         engines=pool,
+        estimator=estimator,
     )
     dispatcher = pipeline.dispatcher
     if batched is not None:
@@ -421,6 +423,7 @@ async def simulate(
     record_eta: bool = False,
     batching: BatchingProfile | None = None,
     forge_budget: BudgetLimits | None = None,
+    estimator: ServiceEstimator | None = None,
 ) -> dict[str, Any]:
     """Async form of run_simulation (for callers already in an event loop)."""
     started = time.perf_counter()
@@ -436,6 +439,7 @@ async def simulate(
             record_eta=record_eta,
             batching=batching,
             forge_budget=forge_budget,
+            estimator=estimator,
         )
     result["wall_s"] = round(time.perf_counter() - started, 3)
     return result
