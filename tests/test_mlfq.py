@@ -1,4 +1,5 @@
-"""MLFQ decisions: level choice, feedback, aging, inheritance, ranks and the estimator."""
+"""MLFQ decisions: level choice, feedback, ranks and the estimator (aging and inheritance are
+the store's: tests/test_store.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,10 @@ from bot.sched.mlfq import (
     Rank,
     RunningCall,
     ServiceEstimator,
-    apply_aging,
     apply_feedback,
     choose_preemption,
     choose_slot,
     expected_chunk_s,
-    inherit_level,
     is_new_work,
     order_levels,
     queue_ranks,
@@ -122,32 +121,6 @@ def test_feedback_drops_one_level_after_the_quantum() -> None:
     change = apply_feedback(level=Level.P1, used_at_level_s=90.0, settings=settings)
     assert change is not None and change.level == Level.P2 and "quantum 90" in change.reason
     assert apply_feedback(level=Level.P3, used_at_level_s=1e9, settings=settings) is None
-
-
-def test_aging_raises_one_level_never_into_p0_unless_born_there() -> None:
-    settings = MlfqSettings(aging_interval_s=1800.0)
-    assert (
-        apply_aging(level=Level.P3, base_level=Level.P3, waited_s=1799, settings=settings) is None
-    )
-    change = apply_aging(level=Level.P3, base_level=Level.P3, waited_s=1800, settings=settings)
-    assert change is not None and change.level == Level.P2 and change.reason.startswith("aging")
-    assert (
-        apply_aging(level=Level.P1, base_level=Level.P2, waited_s=9999, settings=settings) is None
-    )
-    back = apply_aging(level=Level.P1, base_level=Level.P0, waited_s=1800, settings=settings)
-    assert back is not None and back.level == Level.P0
-
-
-def test_inheritance_runs_at_the_most_urgent_dependent_level() -> None:
-    change = inherit_level(
-        level=Level.P2, effective_level=Level.P2, dependent_levels=[Level.P1, Level.P0]
-    )
-    assert change is not None and change.level == Level.P0 and "inheritance" in change.reason
-    assert (
-        inherit_level(level=Level.P1, effective_level=Level.P1, dependent_levels=[Level.P3]) is None
-    )
-    ended = inherit_level(level=Level.P2, effective_level=Level.P0, dependent_levels=[])
-    assert ended is not None and ended.level == Level.P2 and "ended" in ended.reason
 
 
 def test_settings_validate_and_come_from_the_bot_settings() -> None:

@@ -173,12 +173,20 @@ async def test_aging_raises_waiting_jobs_but_never_into_p0(
 ) -> None:
     p3 = await _enqueue(store, clock, number=1, level=Level.P3, lines=(5,))
     p1 = await _enqueue(store, clock, number=2, level=Level.P1, lines=(5,))
-    clock.advance(1800)
-    assert await store.apply_aging(now=clock.now(), interval_s=1800) == 1
+    p0 = await _enqueue(store, clock, number=3, level=Level.P0, lines=(5,))
+    # Born at P0, moved down to P1: aging may take it back to P0.
+    assert await store.set_level(p0, Level.P1, now=clock.now(), reason="test", actor="t")
+    clock.advance(1799)
+    assert await store.apply_aging(now=clock.now(), interval_s=1800) == 0
+    clock.advance(1)
+    assert await store.apply_aging(now=clock.now(), interval_s=1800) == 2
     job = await store.get_job(p3)
     assert job is not None and job.level == Level.P2
+    assert (await store.job_history(p3))[-1].reason.startswith("aging")
     p1_job = await store.get_job(p1)
     assert p1_job is not None and p1_job.level == Level.P1
+    p0_job = await store.get_job(p0)
+    assert p0_job is not None and p0_job.level == Level.P0
 
 
 async def test_dependency_waits_and_lends_its_level(store: QueueStore, clock: VirtualClock) -> None:
@@ -193,6 +201,19 @@ async def test_dependency_waits_and_lends_its_level(store: QueueStore, clock: Vi
     await store.plan_job(stacked.job_id, plans(5), now=clock.now())
     base_job = await store.get_job(base)
     assert base_job is not None and base_job.level == Level.P1  # inherited
+    assert "inherits P1" in (await store.job_history(base))[-1].reason
+    # A less urgent dependent lends nothing; a more urgent one lends its level.
+    for number, level in ((3, Level.P3), (4, Level.P0)):
+        dependent = await store.submit_request(
+            make_request(number=number, head_sha=f"{number:040d}"),
+            decide(level),
+            now=clock.now(),
+            depends_on=[base],
+        )
+        assert dependent.job_id is not None
+        await store.plan_job(dependent.job_id, plans(5), now=clock.now())
+        base_job = await store.get_job(base)
+        assert base_job is not None and base_job.level == min(Level.P1, level)
     leased = await store.fetch_chunk(levels=LEVELS, owner="w", now=clock.now(), lease_s=60)
     assert leased is not None and leased.chunk.job_id == base
     assert await store.fetch_chunk(levels=LEVELS, owner="w", now=clock.now(), lease_s=60) is None

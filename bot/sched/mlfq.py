@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
@@ -173,50 +173,6 @@ def apply_feedback(
     return LevelChange(
         lower,
         f"feedback: used {used_at_level_s:.0f} GPU s at {level} (quantum {quantum:.0f} s)",
-    )
-
-
-def apply_aging(
-    *, level: Level, base_level: Level, waited_s: float, settings: MlfqSettings
-) -> LevelChange | None:
-    """Raise a job one level per aging interval waited; never into P0 unless it started there."""
-    if waited_s < settings.aging_interval_s or level == Level.P0:
-        return None
-    floor = Level.P0 if base_level == Level.P0 else Level.P1
-    if level <= floor:
-        return None
-    higher = Level(level - 1)
-    return LevelChange(
-        higher,
-        f"aging: waited {waited_s:.0f} s at {level} (interval {settings.aging_interval_s:.0f} s)",
-    )
-
-
-def inherit_level(
-    *, level: Level, effective_level: Level, dependent_levels: Iterable[Level]
-) -> LevelChange | None:
-    """Priority inheritance: run at the most urgent level of the live jobs waiting for this one.
-
-    `level` is the job's own level (after feedback and aging), `effective_level` what it runs at
-    now; when no dependent needs it any more the job returns to its own level.
-    """
-    inherited = min(dependent_levels, default=None)
-    target = level if inherited is None or inherited >= level else inherited
-    if target == effective_level:
-        return None
-    if target < level:
-        return LevelChange(target, f"inheritance: a {target} job depends on it")
-    return LevelChange(target, "inheritance ended: no more urgent job depends on it")
-
-
-def waited_since_at(
-    *, ready_at: float, last_finished_at: float | None, last_level_change_at: float | None
-) -> float:
-    """When the current wait began: the latest of ready, last chunk done, last level change."""
-    return max(
-        ready_at,
-        last_finished_at if last_finished_at is not None else -math.inf,
-        last_level_change_at if last_level_change_at is not None else -math.inf,
     )
 
 
