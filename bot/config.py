@@ -67,6 +67,10 @@ class WindowSettings:
     p0_slowdown: float = DEFAULT_P0_SLOWDOWN
     # A fixed number of calls that may run beside a P0 call instead of the learned one.
     p0_companions: int | None = None
+    # What prefilling a review's shared prompt again on another engine costs, in seconds: a
+    # chunk whose review's engine is full waits there while the wait is expected to cost
+    # less (see bot.sched.affinity); 0 never waits.
+    affinity_prefill_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.floor <= self.initial <= self.ceiling:
@@ -88,6 +92,8 @@ class WindowSettings:
             raise ValueError("slow_start_elasticity must be within [min_elasticity, 1]")
         if not 0 < self.growth <= 1 or self.probe_after < 1:
             raise ValueError("growth must be within (0, 1] and probe_after >= 1")
+        if self.affinity_prefill_s < 0:
+            raise ValueError("affinity_prefill_s must be >= 0")
         if self.p0_slowdown < 1:
             raise ValueError("p0_slowdown must be at least 1")
         if self.p0_companions is not None and self.p0_companions < 0:
@@ -520,6 +526,7 @@ def load_window_settings(env: Mapping[str, str]) -> WindowSettings:
     slowdown = _float(env, "REVIEW_BOT_P0_SLOWDOWN", DEFAULT_P0_SLOWDOWN)
     companions_text = env.get("REVIEW_BOT_P0_COMPANIONS", "").strip()
     companions = _int(env, "REVIEW_BOT_P0_COMPANIONS", 0) if companions_text else None
+    prefill_s = _float(env, "REVIEW_BOT_AFFINITY_PREFILL_S", 1.0)
     try:
         return WindowSettings(
             floor=floor,
@@ -527,8 +534,10 @@ def load_window_settings(env: Mapping[str, str]) -> WindowSettings:
             initial=initial,
             p0_slowdown=slowdown,
             p0_companions=companions,
+            affinity_prefill_s=prefill_s,
         )
     except ValueError as exc:
         raise ConfigError(
-            f"REVIEW_BOT_WINDOW_FLOOR/_INITIAL/_CEILING, REVIEW_BOT_P0_SLOWDOWN/_COMPANIONS: {exc}"
+            "REVIEW_BOT_WINDOW_FLOOR/_INITIAL/_CEILING, REVIEW_BOT_P0_SLOWDOWN/_COMPANIONS, "
+            f"REVIEW_BOT_AFFINITY_PREFILL_S: {exc}"
         ) from exc

@@ -33,8 +33,9 @@ KV_CACHE_USAGE = (
 )
 SERIES_PREFIXES = ("vllm:", "inference_pool_")
 PREEMPTIONS = ("vllm:num_preemptions_total",)
-PREFIX_QUERIES = ("vllm:prefix_cache_queries_total",)
-PREFIX_HITS = ("vllm:prefix_cache_hits_total",)
+# Early V1 releases named the counters with a gpu_ prefix (kept a while beside the new ones).
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 PREFIX_HIT_RATE = ("vllm:gpu_prefix_cache_hit_rate",)  # V0 reports a rate, not counters
 PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
 GENERATION_TOKENS = ("vllm:generation_tokens_total",)

@@ -112,6 +112,15 @@ class ChunkLeases(JobRecords):
             extra={"rank": float(row.rank), "engine": row.engine},
         )
 
+    async def move_chunk_engine(self, chunk_id: int, *, owner: str, engine: str) -> bool:
+        """Name the engine a chunk `owner` holds runs on; False when the lease is lost."""
+        async with self.connector.single_statement() as conn:
+            result = await conn.execute(
+                chunks_sql.MOVE_CHUNK_ENGINE,
+                {"chunk_id": chunk_id, "owner": owner, "engine": engine},
+            )
+        return int(result.rowcount) == 1
+
     async def heartbeat(
         self, chunk_ids: Sequence[int], *, owner: str, now: datetime, lease_s: float
     ) -> int:

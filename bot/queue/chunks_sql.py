@@ -121,6 +121,14 @@ HEARTBEAT = _sql(
     """
 )
 
+# Name the engine a held chunk runs on after all (a review's chunk placed on its home engine).
+MOVE_CHUNK_ENGINE = _sql(
+    """
+    UPDATE review_chunks SET engine = :engine
+    WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
+    """
+)
+
 # Finish a chunk the caller holds and count it against its job (progress, GPU time, GPU time
 # at this level), in one statement; no row means the lease was lost. The lease's attempt
 # (its fencing token) must match too: the same process may hold the chunk again by now.

@@ -17,6 +17,7 @@ from bot.model import LEVELS, JobState, Level
 from bot.obs.metrics import Metrics
 from bot.queue.store import ChunkOutcome, Leased, QueueStore
 from bot.sched.engine_pool import EnginePool
+from bot.sched.engines import Engine
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
     SCHEDULING_POLICIES,
@@ -153,6 +154,9 @@ class DispatcherCore:
             backend.progress if isinstance(backend, ReportsProgress) else None
         )
         self.recomputed_tokens = 0  # answer tokens thrown away by taking calls back
+        # Leased chunks waiting for a place on their review's engine (see bot.sched.affinity):
+        # chunk id -> (since, the engine their lease names).
+        self._parked: dict[int, tuple[datetime, str | None]] = {}
 
     # --- pure-ish steps (the replay drives these under a virtual clock) ---------------------
 
@@ -218,17 +222,104 @@ class DispatcherCore:
         preempting = self.settings.policy == "mlfq" and self.settings.mlfq.preempt
         if self.engines is not None:
             await self.engines.refresh(self.store.engine_running)
+            leased += await self._unpark(now)
         if self.free_slots == 0 and not preempting:
+            self._recheck_parked(now, reset=True)
             return leased
         load = await self._read_load(now) if self.settings.policy == "mlfq" else None
-        leased = await self._lease(load, now)
+        leased += await self._lease(load, now)
         if load is not None and preempting:
             taken = await self.preempt(load, now)
             if taken:
                 leased += await self._lease(load, now)
                 await self.preempt(load, now)  # reset the wait, or a recheck if P0 still waits
             await self.make_p0_room(load, now)
+        self._recheck_parked(now, reset=not preempting)
         return leased
+
+    async def _settle_engine(self, got: Leased, picked: Engine, now: datetime) -> Engine | None:
+        """The engine a leased chunk runs on: its review's home while that has room, else the
+        windows' pick or, while that is cheaper than a prefill there, a wait for home (None:
+        the chunk is parked, leased but not started)."""
+        assert self.engines is not None
+        chunk = got.chunk
+        leased_on = picked.name
+        placement = self.engines.place(chunk.job_id, picked, waited_s=0.0)
+        target = None if placement.engine is None else self.engines.by_name(placement.engine)
+        if target is None:
+            home = self.engines.by_name(self.engines.homes.home_of(chunk.job_id) or "")
+            parked_there = sum(
+                1
+                for chunk_id in self._parked
+                if (held := self.held.get(chunk_id)) is not None
+                and self.engines.homes.home_of(held.chunk.job_id) == (home and home.name)
+            )
+            # A P0 never waits, and at most a window's worth of chunks waits for one engine.
+            if chunk.level == Level.P0 or home is None or parked_there >= home.window:
+                target = picked
+            else:
+                self._parked[chunk.id] = (now, leased_on)
+                return None
+        await self._move_engine(chunk.id, leased_on, target.name)
+        self.engines.homes.settle(chunk.job_id, target.name)
+        return target
+
+    async def _move_engine(self, chunk_id: int, leased_on: str | None, engine: str) -> None:
+        if leased_on == engine:
+            return
+        # The windows of every process count what runs on each engine from this column.
+        await self.store.move_chunk_engine(chunk_id, owner=self.settings.owner, engine=engine)
+
+    async def _unpark(self, now: datetime) -> list[Leased]:
+        """Start parked chunks whose home has a place now, or that waited long enough to
+        spill (see bot.sched.affinity); returns those started."""
+        assert self.engines is not None
+        started: list[Leased] = []
+        for chunk_id, (since, leased_on) in sorted(self._parked.items(), key=lambda i: i[1][0]):
+            held = self.held.get(chunk_id)
+            if held is None:
+                del self._parked[chunk_id]
+                continue
+            waited_s = (now - since).total_seconds()
+            picked = self.engines.pick(p0=False)
+            placement = self.engines.place(held.chunk.job_id, picked, waited_s=waited_s)
+            target = None if placement.engine is None else self.engines.by_name(placement.engine)
+            if target is None:
+                continue
+            del self._parked[chunk_id]
+            await self._move_engine(chunk_id, leased_on, target.name)
+            self.engines.take(target, chunk_id, now, p0=held.chunk.level == Level.P0)
+            self.engines.homes.settle(held.chunk.job_id, target.name)
+            log.debug(
+                "chunk %s starts on %s after waiting %.2f s (%s)",
+                chunk_id,
+                target.name,
+                waited_s,
+                placement.reason,
+                extra={"action": "chunk_placed", "job_id": held.chunk.job_id},
+            )
+            started.append(held)
+        return started
+
+    def _recheck_parked(self, now: datetime, *, reset: bool) -> None:
+        """Look again when the first parked chunk may spill (a place freeing wakes us too)."""
+        if reset:
+            self.recheck_at = None
+        if self.engines is None or not self._parked:
+            return
+        dues = [
+            since + timedelta(seconds=engine.settings.affinity_prefill_s)
+            for chunk_id, (since, _) in self._parked.items()
+            if (held := self.held.get(chunk_id)) is not None
+            and (
+                engine := self.engines.by_name(self.engines.homes.home_of(held.chunk.job_id) or "")
+            )
+            is not None
+        ]
+        future = [due for due in dues if due > now]
+        if future:
+            due = min(future)
+            self.recheck_at = due if self.recheck_at is None else min(self.recheck_at, due)
 
     async def _lease(self, load: _QueueLoad | None, now: datetime) -> list[Leased]:
         leased: list[Leased] = []
@@ -274,9 +365,13 @@ class DispatcherCore:
                 retried = True
                 continue
             self.held[got.chunk.id] = got
-            leased.append(got)
             if self.engines is not None and engine is not None:
-                self.engines.take(engine, got.chunk.id, now, p0=got.chunk.level == Level.P0)
+                placed = await self._settle_engine(got, engine, now)
+                if placed is not None:
+                    self.engines.take(placed, got.chunk.id, now, p0=got.chunk.level == Level.P0)
+                    leased.append(got)
+            else:
+                leased.append(got)
             if load is not None:
                 self._account(load, got)
                 await self.ranks.after_lease(got, now, self.estimator)
@@ -401,6 +496,8 @@ class DispatcherCore:
         """This process's chunks in their LLM call, with the seconds since each started."""
         calls: list[tuple[int, Leased, float]] = []
         for chunk_id, held in self.held.items():
+            if chunk_id in self._parked:
+                continue  # waiting for its engine: no call yet
             if self._live and chunk_id not in self._calls:
                 continue  # not in its LLM call (starting or storing its result)
             started = held.chunk.started_at or now
@@ -574,6 +671,7 @@ class DispatcherCore:
             ):
                 released += 1
             self.held.pop(chunk_id, None)
+            self._parked.pop(chunk_id, None)
             if self.engines is not None:
                 self.engines.abandoned(chunk_id, now)
         return released

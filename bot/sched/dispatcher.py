@@ -302,7 +302,7 @@ class Dispatcher(DispatcherCore):
 
     def _start_leased(self) -> None:
         for chunk_id, leased in list(self.held.items()):
-            if chunk_id in self._started:
+            if chunk_id in self._started or chunk_id in self._parked:
                 continue
             self._started.add(chunk_id)
             task = asyncio.create_task(self._run_chunk(leased))

@@ -16,6 +16,7 @@ from bot.config import WindowSettings
 from bot.llm.vllm_metrics import EngineMetrics, engine_load, prefix_cache_hit_rate
 from bot.obs.metrics import Metrics
 from bot.queue.records import EngineRunning
+from bot.sched.affinity import Placement, ReviewHomes, expected_wait_s, place_chunk
 from bot.sched.engines import CallMark, Engine, choose_engine, free_places, total_places
 from bot.sched.p0_room import SharingCall, calls_to_take_back
 from bot.sched.window import WindowDecision
@@ -51,6 +52,8 @@ class EnginePool:
         self.marks: dict[int, CallMark] = {}
         self._p0_chunks: set[int] = set()
         self._scraped: dict[str, EngineMetrics] = {}
+        # Each review's home engine, where its shared prompt is in the prefix cache.
+        self.homes = ReviewHomes()
         self._busy_shown: dict[str, float] = {}
 
     @classmethod
@@ -106,6 +109,31 @@ class EnginePool:
             running=self.running,
             p0_places=self.p0_places if p0 else 0,
             p0_running=self.p0_running,
+        )
+
+    def place(self, job_id: int, picked: Engine | None, *, waited_s: float) -> Placement:
+        """Where a chunk of review `job_id` runs: its home while it has room (see
+        bot.sched.affinity), else `picked` (the windows' choice) or a wait for home."""
+        home = self.by_name(self.homes.home_of(job_id) or "")
+        free = {
+            engine.name: free_places(
+                engine,
+                running=self.running.get(engine.name),
+                p0_running=self.p0_running.get(engine.name, 0),
+            )
+            for engine in self.engines
+        }
+        wait_s = None
+        if home is not None:
+            busy = max(self.running.get(home.name, 0), home.in_flight)
+            wait_s = expected_wait_s(mean_call_s=home.mean_call_s, in_flight=busy)
+        return place_chunk(
+            home=None if home is None else home.name,
+            picked=None if picked is None else picked.name,
+            free=free,
+            wait_s=wait_s,
+            waited_s=waited_s,
+            prefill_s=home.settings.affinity_prefill_s if home is not None else 0.0,
         )
 
     def take(self, engine: Engine, chunk_id: int, now: datetime, *, p0: bool = False) -> None:

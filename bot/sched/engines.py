@@ -65,6 +65,7 @@ class Engine:
     failed: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    latency_s: float = 0.0  # of the answered calls, for the mean wait for a place
     prefix_cache_hit_rate: float | None = None
     history: list[tuple[float, int]] = field(default_factory=list)  # (time, window) changes
     decisions: Counter[WindowReason] = field(default_factory=Counter)  # judged intervals, by why
@@ -122,6 +123,7 @@ class Engine:
         self.interval_tokens += completion_tokens
         latency = now_s - mark.started_s
         self.interval_latency_s += latency
+        self.latency_s += latency
         if share > 0 and completion_tokens > 0:
             # Mean concurrency over the call's life: its latency over its share.
             self.pace = add_point(
@@ -193,6 +195,11 @@ class Engine:
         self.interval_completed = self.interval_tokens = self.interval_overloads = 0
         self.interval_latency_s = self.interval_full_s = 0.0
         return decision
+
+    @property
+    def mean_call_s(self) -> float | None:
+        """Mean latency of the answered calls; None before the first."""
+        return self.latency_s / self.completed if self.completed else None
 
     def utilization(self, since_s: float = 0.0) -> float:
         """Share of wall time since `since_s` with at least one call in flight."""
