@@ -149,6 +149,48 @@ async def test_heartbeats_come_and_go(store: QueueStore, clock: VirtualClock) ->
     assert (liveness.dispatchers, liveness.engines) == (0, 0)
 
 
+async def test_each_engines_prefix_cache_hit_rate_reaches_the_dashboard(
+    store: QueueStore, clock: VirtualClock
+) -> None:
+    from bot.obs.dashboard import DashboardView, EngineWork, render_dashboard
+    from bot.obs.metrics import read_queue_snapshot
+
+    older = _presence(
+        store,
+        "host-1",
+        [
+            {"name": "http://gpu1", "alive": True, "prefix_cache_hit_rate": 0.25},
+            {"name": "http://gpu2", "alive": True, "prefix_cache_hit_rate": None},
+        ],
+    )
+    await older.beat(now=clock.now())
+    clock.advance(5)
+    newer = _presence(
+        store, "host-2", [{"name": "http://gpu1", "alive": True, "prefix_cache_hit_rate": 0.75}]
+    )
+    await newer.beat(now=clock.now())
+    liveness = await read_liveness(store.engine, now=clock.now(), stale_after_s=STALE_S)
+    # The freshest report wins; an engine whose server says nothing has no rate.
+    assert liveness.prefix_cache_hit_rate == {"http://gpu1": 0.75}
+    now = clock.now()
+    page = render_dashboard(
+        DashboardView(
+            now=now,
+            since=now - timedelta(hours=1),
+            queue=await read_queue_snapshot(store.engine, now=now),
+            waits=[],
+            alerts=[],
+            engines=[
+                EngineWork("http://gpu1", chunks=3, busy_s=9.0, tokens=300,
+                           prefix_cache_hit_rate=0.75),
+                EngineWork("http://gpu2", chunks=1, busy_s=2.0, tokens=40),
+            ],
+        )
+    )  # fmt: skip
+    assert "<th>prefix cache hits</th>" in page
+    assert "<td>75%</td></tr>" in page and "<td>-</td></tr>" in page
+
+
 async def test_a_running_dispatcher_beats_and_says_goodbye(store: QueueStore, db_url: str) -> None:
     clock = VirtualClock()
     backend = SimulatedBackend()

@@ -81,6 +81,7 @@ class EngineWork:
     chunks: int
     busy_s: float
     tokens: int
+    prefix_cache_hit_rate: float | None = None  # what its vLLM reports, when it does
 
     def utilization(self, window_s: float) -> float:
         return min(1.0, self.busy_s / window_s) if window_s > 0 else 0.0
@@ -160,6 +161,7 @@ async def read_dashboard(
                 chunks=int(row.chunks),
                 busy_s=float(row.busy_s),
                 tokens=int(row.tokens or 0),
+                prefix_cache_hit_rate=(liveness.prefix_cache_hit_rate or {}).get(str(row.engine)),
             )
             for row in engine_rows
         ],

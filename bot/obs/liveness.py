@@ -39,6 +39,8 @@ class DispatcherBeat:
     slots: int = 0
     running: int = 0
     engines: Mapping[str, bool] | None = None  # engine name -> in rotation
+    # engine name -> share of prompt tokens its vLLM served from the prefix cache (where known)
+    prefix_cache_hit_rate: Mapping[str, float] | None = None
 
     def alive(self, *, now: datetime, stale_after_s: float) -> bool:
         return self.stopped_at is None and now - self.last_seen <= timedelta(seconds=stale_after_s)
@@ -52,6 +54,8 @@ class Liveness:
     engines: int
     engines_known: int
     beats: tuple[DispatcherBeat, ...] = ()
+    # engine name -> prefix-cache hit rate, from the freshest live dispatcher that knows it
+    prefix_cache_hit_rate: Mapping[str, float] | None = None
 
     def to_dict(self) -> dict[str, int]:
         return {
@@ -69,13 +73,20 @@ def summarize_liveness(
     alive = [beat for beat in recent if beat.alive(now=now, stale_after_s=stale_after_s)]
     known: set[str] = set()
     in_rotation: set[str] = set()
+    hit_rates: dict[str, float] = {}
+    for beat in sorted(alive, key=lambda beat: beat.last_seen):
+        hit_rates.update(beat.prefix_cache_hit_rate or {})
     for beat in alive:
         for name, healthy in (beat.engines or {}).items():
             known.add(name)
             if healthy:
                 in_rotation.add(name)
     return Liveness(
-        dispatchers=len(alive), engines=len(in_rotation), engines_known=len(known), beats=recent
+        dispatchers=len(alive),
+        engines=len(in_rotation),
+        engines_known=len(known),
+        beats=recent,
+        prefix_cache_hit_rate=hit_rates,
     )
 
 
@@ -120,6 +131,13 @@ def beat_from_row(row: Mapping[str, Any]) -> DispatcherBeat:
             str(item["name"]): bool(item.get("alive"))
             for item in engines
             if isinstance(item, Mapping) and "name" in item
+        },
+        prefix_cache_hit_rate={
+            str(item["name"]): float(item["prefix_cache_hit_rate"])
+            for item in engines
+            if isinstance(item, Mapping)
+            and "name" in item
+            and isinstance(item.get("prefix_cache_hit_rate"), int | float)
         },
     )
 

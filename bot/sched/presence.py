@@ -52,6 +52,7 @@ def backend_engines(backend: object, pool: EnginePool | None = None) -> list[dic
                     window=engine.window,
                     in_flight=engine.in_flight,
                     utilization=round(engine.utilization(engine.history[0][0]), 4),
+                    prefix_cache_hit_rate=engine.prefix_cache_hit_rate,
                 )
     return engines
 
