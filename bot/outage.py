@@ -7,6 +7,8 @@ import random
 import time
 from collections.abc import Callable
 
+from bot.retry import exponential_delay
+
 log = logging.getLogger(__name__)
 
 # However long the outage, a role looks again at least this often.
@@ -19,7 +21,7 @@ def backoff_delay(failures: int, *, base_s: float, cap_s: float, jitter: float) 
     which lost the database together do not all come back at the same instant."""
     if failures < 1:
         return 0.0
-    ceiling = min(cap_s, base_s * 2.0 ** min(failures - 1, 32))
+    ceiling = exponential_delay(failures, base_s=base_s, max_s=cap_s)
     return ceiling / 2 + ceiling / 2 * min(max(jitter, 0.0), 1.0)
 
 

@@ -46,8 +46,13 @@ def parse_retry_after(headers: Mapping[str, str], *, now: datetime) -> float | N
 
 
 def exponential_delay(attempt: int, *, base_s: float, max_s: float) -> float:
-    """`base_s` doubled for each attempt after the first (attempt counts from 1), capped."""
-    return float(min(max_s, base_s * 2 ** max(attempt - 1, 0)))
+    """`base_s` doubled for each attempt after the first (attempt counts from 1), capped.
+
+    The one backoff formula of the project: in-process retries, deferred jobs and chunks, LLM
+    calls (jittered) and outages (jittered) all double from it. The exponent is bounded so that
+    a count in the thousands still gives `max_s`, not an OverflowError.
+    """
+    return float(min(max_s, base_s * 2.0 ** min(max(attempt - 1, 0), 1000)))
 
 
 async def call_with_retries(

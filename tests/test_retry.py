@@ -33,6 +33,12 @@ def test_exponential_delay_doubles_from_the_second_attempt_and_caps() -> None:
     assert delays == [1.0, 2.0, 4.0, 5.0, 5.0]
 
 
+def test_exponential_delay_of_a_long_run_of_failures_is_the_cap() -> None:
+    """A retry count in the thousands (a chunk or outage that keeps failing) waits the cap; the
+    plain 2 ** n of such a count does not fit a float."""
+    assert exponential_delay(10_000, base_s=2.0, max_s=300.0) == 300.0
+
+
 class Flaky(Exception):
     def __init__(self, retryable: bool) -> None:
         super().__init__("flaky")

@@ -20,7 +20,7 @@ from bot.llm.base import CallProgress, LLMRequest, LLMResponse
 from bot.llm.routing import RouterAffinity
 from bot.llm.schema import REVIEW_SCHEMA
 from bot.llm.streaming import StreamedAnswer, StreamError, is_event_stream
-from bot.retry import call_with_retries, parse_retry_after
+from bot.retry import call_with_retries, exponential_delay, parse_retry_after
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,9 @@ class OpenAICompatBackend:
 
     def backoff_s(self, attempt: int) -> float:
         """Full-jitter exponential backoff, bounded by backoff_max_s."""
-        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
+        ceiling = exponential_delay(
+            attempt + 1, base_s=self.backoff_base_s, max_s=self.backoff_max_s
+        )
         return self.rng.uniform(0.0, ceiling)
 
     def pinned_worker(self, request: LLMRequest, exclude: set[int]) -> WorkerState | None:

@@ -14,6 +14,7 @@ from bot.queue.connector import to_json
 from bot.queue.history import write_history
 from bot.queue.jobs import JobRecords
 from bot.queue.records import ChunkOutcome, EngineRunning, Leased, LevelLoad, chunk_from_row
+from bot.retry import exponential_delay
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +196,10 @@ class ChunkLeases(JobRecords):
             ).first()
             if attempts_row is None:
                 raise LeaseLost(f"chunk {chunk_id} is no longer leased by {owner}")
-            backoff = min(
-                self.settings.retry_backoff_s * 2 ** max(attempts_row.attempts - 1, 0),
-                self.settings.max_backoff_s,
+            backoff = exponential_delay(
+                attempts_row.attempts,
+                base_s=self.settings.retry_backoff_s,
+                max_s=self.settings.max_backoff_s,
             )
             row = (
                 await conn.execute(

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bot.diff import parse_hunks, split_lines
+from bot.diff import HUNK_HEADER, parse_hunks, split_lines
 from bot.model import ChunkPlan, FileChange
 
 DEFAULT_LINE_BUDGET = 400
@@ -19,8 +18,6 @@ DEFAULT_FIRST_BUDGET = 100
 
 # Returns a reason (or True) when the review leaves the file out, None/False to review it.
 SkipPredicate = Callable[[str, str | None], object]
-
-HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 
 
 @dataclass(frozen=True, slots=True)

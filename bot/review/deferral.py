@@ -12,6 +12,7 @@ from bot.forges.base import may_pass_later
 from bot.model import Job, JobState
 from bot.queue.records import Fence
 from bot.queue.store import QueueStore
+from bot.retry import exponential_delay
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def retry_delay(tries: int, error: ForgeError, budget: RetryBudget) -> float:
     """Seconds before the next try: the forge's Retry-After, else doubling from backoff_s."""
     if error.retry_after is not None:
         return max(error.retry_after, 0.0)
-    return float(min(budget.max_backoff_s, budget.backoff_s * 2 ** max(tries - 1, 0)))
+    return exponential_delay(tries, base_s=budget.backoff_s, max_s=budget.max_backoff_s)
 
 
 async def defer_or_fail(
