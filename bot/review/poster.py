@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -158,6 +158,73 @@ def review_record(posted: PostedReview, assembled: AssembledReview | None) -> di
     return record
 
 
+@dataclass(frozen=True, slots=True)
+class PostingClaim:
+    """A finished job this poster holds the posting claim of, with the forge client to use."""
+
+    job: Job
+    client: ForgeClient
+    fence: Fence
+
+
+async def claim_finished_job(
+    store: QueueStore,
+    forges: Mapping[str, ForgeClient],
+    job_id: int,
+    *,
+    now: datetime,
+    settings: PostingSettings,
+    can_post: Callable[[ForgeClient], bool] = lambda client: True,
+) -> PostingClaim | PostingOutcome:
+    """What both posters do first: a live job whose chunks all finished, a configured client
+    that `can_post` (else the job fails: no client will ever come), and the posting claim;
+    otherwise the outcome that says why not."""
+    job = await store.get_job(job_id)
+    if job is None:
+        return PostingOutcome(job_id, "skipped", detail="no such job")
+    if job.state in TERMINAL_JOB_STATES:
+        return PostingOutcome(job_id, "skipped", detail=f"job is {job.state}: not posted")
+    if not job.planned or job.chunks_done < job.chunks_total:
+        return PostingOutcome(job_id, "skipped", detail="chunks are still running")
+    client = forges.get(job.forge)
+    if client is None or not can_post(client):
+        error = f"no {job.forge} client is configured: the review cannot be posted"
+        await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
+        return PostingOutcome(job_id, "failed", detail=error)
+    fence = await store.claim_posting(
+        job.id, owner=settings.owner, now=now, lease_s=settings.lease_s
+    )
+    if fence is None:
+        return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
+    return PostingClaim(job, client, fence)
+
+
+async def posting_failed(
+    store: QueueStore,
+    claim: PostingClaim,
+    error: LeaseLost | ForgeError,
+    *,
+    now: datetime,
+    settings: PostingSettings,
+) -> PostingOutcome:
+    """What both posters do when a post fails: a lost claim leaves the job to its new holder,
+    a change gone from the forge cancels the job, another forge error defers or fails it."""
+    job, fence = claim.job, claim.fence
+    if isinstance(error, LeaseLost):
+        return lease_lost(job.id, fence, forge=job.forge)
+    if isinstance(error, ForgeNotFound):
+        reason = f"the change is gone on {job.forge}: {error}"
+        await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason, fence=fence)
+        log.warning(
+            "job %s cancelled: %s",
+            job.id,
+            reason,
+            extra={"action": "post_gone", "job_id": job.id, "forge": job.forge},
+        )
+        return PostingOutcome(job.id, "cancelled", detail=reason)
+    return await _defer_or_fail(store, job, error, now=now, settings=settings, fence=fence)
+
+
 async def post_job_review(
     store: QueueStore,
     forges: Mapping[str, ForgeClient],
@@ -172,24 +239,11 @@ async def post_job_review(
     unposted with a retry time, `failed` after `max_attempts`. Other 4xx: failed with the error.
     """
     settings = settings or PostingSettings()
-    job = await store.get_job(job_id)
-    if job is None:
-        return PostingOutcome(job_id, "skipped", detail="no such job")
-    if job.state in TERMINAL_JOB_STATES:
-        return PostingOutcome(job_id, "skipped", detail=f"job is {job.state}: not posted")
-    if not job.planned or job.chunks_done < job.chunks_total:
-        return PostingOutcome(job_id, "skipped", detail="chunks are still running")
+    claim = await claim_finished_job(store, forges, job_id, now=now, settings=settings)
+    if isinstance(claim, PostingOutcome):
+        return claim
+    job, client, fence = claim.job, claim.client, claim.fence
     context = {"job_id": job.id, "forge": job.forge}
-    client = forges.get(job.forge)
-    if client is None:
-        error = f"no {job.forge} client is configured: the review cannot be posted"
-        await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
-        return PostingOutcome(job_id, "failed", detail=error)
-    fence = await store.claim_posting(
-        job.id, owner=settings.owner, now=now, lease_s=settings.lease_s
-    )
-    if fence is None:
-        return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
     assembled: AssembledReview | None = None
     client.use_installation(job.repo, job.request.get("installation_id"))
     try:
@@ -225,17 +279,8 @@ async def post_job_review(
             writing(WriteIntent(level=int(job.level), job_id=job.id)),
         ):
             posted = await client.post_review(job.repo, job.number, review)
-    except LeaseLost:
-        return lease_lost(job.id, fence, forge=job.forge)
-    except ForgeNotFound as exc:
-        reason = f"the change is gone on {job.forge}: {exc}"
-        await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason, fence=fence)
-        log.warning(
-            "job %s cancelled: %s", job.id, reason, extra={"action": "post_gone", **context}
-        )
-        return PostingOutcome(job_id, "cancelled", detail=reason)
-    except ForgeError as exc:
-        return await _defer_or_fail(store, job, exc, now=now, settings=settings, fence=fence)
+    except (LeaseLost, ForgeError) as exc:
+        return await posting_failed(store, claim, exc, now=now, settings=settings)
     ended = await store.finish_job(
         job.id, now=now, state=JobState.DONE, review=review_record(posted, assembled), fence=fence
     )

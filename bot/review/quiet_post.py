@@ -15,16 +15,15 @@ from typing import Any
 
 from bot.budget.intent import WriteIntent, writing
 from bot.config import Settings
-from bot.errors import ForgeError, ForgeNotFound, LeaseLost
+from bot.errors import ForgeError, LeaseLost
 from bot.forges.base import ForgeClient, ReviewToPost, append_marker, guarded_writes
 from bot.forges.quiet import PostedFindings, QuietForge, quiet_forge_for
-from bot.model import TERMINAL_JOB_STATES, Chunk, Job, JobState
+from bot.model import Chunk, Job, JobState
 from bot.queue.findings import FindingStore, FindingToRecord, PullRef, StoredFinding
 from bot.queue.records import Fence
 from bot.queue.store import QueueStore
 from bot.review.assemble import AssembledReview, SkippedFile, assemble_review
 from bot.review.comments import inline_comment, review_diff
-from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.fingerprint import FingerprintedFinding, fingerprint_findings, patches_of
 from bot.review.living_summary import (
     ListedFinding,
@@ -35,7 +34,9 @@ from bot.review.living_summary import (
 from bot.review.poster import (
     PostingOutcome,
     PostingSettings,
+    claim_finished_job,
     lease_lost,
+    posting_failed,
     render_comment,
     review_chunk_of,
 )
@@ -250,24 +251,19 @@ async def post_quiet_review(
 ) -> PostingOutcome:
     """Post a finished job's review quietly, then end the job; forge errors as posting does."""
     settings = settings or PostingSettings()
-    job = await store.get_job(job_id)
-    if job is None:
-        return PostingOutcome(job_id, "skipped", detail="no such job")
-    if job.state in TERMINAL_JOB_STATES:
-        return PostingOutcome(job_id, "skipped", detail=f"job is {job.state}: not posted")
-    if not job.planned or job.chunks_done < job.chunks_total:
-        return PostingOutcome(job_id, "skipped", detail="chunks are still running")
-    client = forges.get(job.forge)
-    quiet = quiet_forge_for(client) if client is not None else None
-    if client is None or quiet is None:
-        error = f"no {job.forge} client is configured: the review cannot be posted"
-        await store.finish_job(job.id, now=now, state=JobState.FAILED, error=error)
-        return PostingOutcome(job_id, "failed", detail=error)
-    fence = await store.claim_posting(
-        job.id, owner=settings.owner, now=now, lease_s=settings.lease_s
+    claim = await claim_finished_job(
+        store,
+        forges,
+        job_id,
+        now=now,
+        settings=settings,
+        can_post=lambda client: quiet_forge_for(client) is not None,
     )
-    if fence is None:
-        return PostingOutcome(job_id, "skipped", detail="another poster is posting this review")
+    if isinstance(claim, PostingOutcome):
+        return claim
+    job, client, fence = claim.job, claim.client, claim.fence
+    quiet = quiet_forge_for(client)
+    assert quiet is not None  # can_post said so
     context = {"job_id": job.id, "forge": job.forge}
     try:
         # Every forge call of the post asks right before it goes out whether the claim holds,
@@ -277,27 +273,8 @@ async def post_quiet_review(
             writing(WriteIntent(level=int(job.level), job_id=job.id)),
         ):
             record = await _post(store, posting, client, quiet, job, now=now, fence=fence)
-    except LeaseLost:
-        return lease_lost(job.id, fence, forge=job.forge)
-    except ForgeNotFound as exc:
-        reason = f"the change is gone on {job.forge}: {exc}"
-        await store.finish_job(job.id, now=now, state=JobState.CANCELLED, error=reason, fence=fence)
-        log.warning(
-            "job %s cancelled: %s", job.id, reason, extra={"action": "post_gone", **context}
-        )
-        return PostingOutcome(job_id, "cancelled", detail=reason)
-    except ForgeError as exc:
-        result, detail = await defer_or_fail(
-            store,
-            job,
-            exc,
-            now=now,
-            stage="posting",
-            message=f"posting the review failed: {exc}",
-            budget=RetryBudget(settings.max_attempts, settings.backoff_s, settings.max_backoff_s),
-            fence=fence,
-        )
-        return PostingOutcome(job.id, result, detail=detail)
+    except (LeaseLost, ForgeError) as exc:
+        return await posting_failed(store, claim, exc, now=now, settings=settings)
     if not await store.finish_job(job.id, now=now, state=JobState.DONE, review=record, fence=fence):
         return lease_lost(job.id, fence, forge=job.forge)
     log.info(
