@@ -310,12 +310,16 @@ async def run_bot_demo(
         settings = settings.with_changes(
             github_api_url=emulator.github_url, gitlab_url=emulator.gitlab_url
         )
+
+        async def trace_sleep(seconds: float) -> None:
+            await asyncio.sleep(max(0.0, seconds) / speed)
+
+        # The forges' write budget and retries count in trace time, as the dispatcher does.
         forges = build_forges(
             settings,
-            options=ForgeOptions(
-                retry=RetryPolicy(attempts=4, base_delay_s=0.2),
-                post_interval_s=1.0 / speed,  # GitHub's one POST a second, in trace time
-            ),
+            clock=clock.now,
+            sleep=trace_sleep,
+            options=ForgeOptions(retry=RetryPolicy(attempts=4, base_delay_s=0.2 * speed)),
         )
         # The dispatcher beats every heartbeat_s of wall time, which is `speed` times as many
         # seconds on the scaled clock the web process judges liveness by.

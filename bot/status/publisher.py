@@ -436,13 +436,16 @@ class StatusPublisher:
     def _intent(self, item: _Due) -> WriteIntent:
         """The write as the budget sees it: its worth, level, job and target; it waits about
         a pass at most (then the next pass writes the newest state)."""
+        value = write_value(item.report.state, item.reason)
+        # A pass's worth, and never less than a few of GitHub's one-second spacings; a final
+        # state, which a person waits for, up to a minute.
+        floor = 60.0 if value == WriteValue.CHECK_COMPLETED else 5.0
         return WriteIntent(
             level=int(item.report.level),
             job_id=int(item.row.id),
-            value=write_value(item.report.state, item.reason),
+            value=value,
             target=f"status:{item.row.forge}:{int(item.row.id)}",
-            # A pass's worth, and never less than a few of GitHub's one-second spacings.
-            max_wait_s=max(self.settings.interval_s, 5.0),
+            max_wait_s=max(self.settings.interval_s, floor),
         )
 
     def _update(
