@@ -14,9 +14,8 @@ from sqlalchemy import text
 from bot.model import Command, Forge
 from bot.queue.store import QueueStore
 
-# Intake records a command delivery with one of these outcomes (the worker has not run it).
-PENDING_OUTCOMES = ("command", "command_pending")
-RUNNING_OUTCOME = "command_running"
+# Intake records a command delivery as 'command' or 'command_pending' (the worker has not run
+# it); a worker's claim makes it 'command_running', and then it becomes one of these.
 DONE_OUTCOME = "command_done"
 FAILED_OUTCOME = "command_failed"
 # The commands ran; their reply and reactions wait for the forge until detail->>'retry_at'.

@@ -21,7 +21,6 @@ logger = logging.getLogger(__name__)
 
 Permission = Literal["admin", "maintain", "write", "triage", "read", "none"]
 PERMISSIONS: tuple[Permission, ...] = ("admin", "maintain", "write", "triage", "read", "none")
-WRITE_PERMISSIONS: frozenset[Permission] = frozenset({"admin", "maintain", "write"})
 Reaction = Literal["eyes", "+1", "-1", "confused"]
 Side = Literal["LEFT", "RIGHT"]
 

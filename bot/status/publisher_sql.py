@@ -125,14 +125,6 @@ RECORD_REPORT = text(
     """
 )
 
-# The check run of a job, for the Re-run button: which job a rerequested run belongs to.
-SELECT_REPORT_BY_EXTERNAL_ID = text(
-    """
-    SELECT s.job_id FROM status_reports s
-    WHERE s.forge = :forge AND s.repo = :repo AND s.external_id = :external_id
-    """
-)
-
 # The channel the trigger on review_jobs NOTIFYs on every state change.
 STATUS_CHANNEL = "review_bot_status"
 
