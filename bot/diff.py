@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +24,15 @@ def split_lines(text: str) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()  # the text's final newline ends the last line, it starts none
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def unified_patch(old_lines: Sequence[str], new_lines: Sequence[str]) -> tuple[str, int, int]:
+    """The hunks (3 lines of context, no "---"/"+++" file headers) of a unified diff from
+    `old_lines` to `new_lines`, with the counts of added and deleted lines."""
+    lines = list(difflib.unified_diff(old_lines, new_lines, lineterm="", n=3))[2:]
+    additions = sum(1 for line in lines if line.startswith("+"))
+    deletions = sum(1 for line in lines if line.startswith("-"))
+    return "\n".join(lines), additions, deletions
 
 
 @dataclass(frozen=True, slots=True)

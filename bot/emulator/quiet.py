@@ -11,7 +11,7 @@ import difflib
 import hashlib
 from typing import Any
 
-from bot.diff import split_lines
+from bot.diff import split_lines, unified_patch
 from bot.emulator.github_json import github_file, github_user
 from bot.emulator.gitlab import gitlab_pull_of
 from bot.emulator.http import (
@@ -39,12 +39,8 @@ from bot.model import FileChange, Forge
 
 
 def _patch(before: str | None, after: str | None) -> tuple[str | None, int, int]:
-    lines = list(
-        difflib.unified_diff(split_lines(before or ""), split_lines(after or ""), lineterm="", n=3)
-    )[2:]
-    additions = sum(1 for line in lines if line.startswith("+"))
-    deletions = sum(1 for line in lines if line.startswith("-"))
-    return "\n".join(lines) or None, additions, deletions
+    patch, additions, deletions = unified_patch(split_lines(before or ""), split_lines(after or ""))
+    return patch or None, additions, deletions
 
 
 def _renames(old: Tree, new: Tree) -> dict[str, str]:

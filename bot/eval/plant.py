@@ -8,7 +8,6 @@ beside it, so a reviewer that comments on every changed line is not rewarded.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 
 from tree_sitter import Node, Parser
 
+from bot.diff import unified_patch as diff_of_lines
 from bot.eval.catalogue import CATALOGUE, PATTERNS, find_sites
 from bot.eval.syntax import FAMILIES, LINE_COMMENT, Edit, Site, grammar_of, parser_for, walk
 
@@ -88,10 +88,7 @@ class _Scanned:
 def unified_patch(old: str, new: str) -> tuple[str, int, int]:
     """The hunks of a unified diff from `old` to `new` (3 lines of context), with the counts of
     added and deleted lines. Lines are split on "\\n" only, as git does."""
-    lines = list(difflib.unified_diff(old.split("\n"), new.split("\n"), lineterm="", n=3))[2:]
-    additions = sum(1 for line in lines if line.startswith("+"))
-    deletions = sum(1 for line in lines if line.startswith("-"))
-    return "\n".join(lines), additions, deletions
+    return diff_of_lines(old.split("\n"), new.split("\n"))
 
 
 def apply_edits(source: bytes, edits: Iterable[Edit]) -> bytes:

@@ -49,10 +49,6 @@ class _Piece:
     lines: int
 
 
-def _changed_count(body: Sequence[str]) -> int:
-    return sum(1 for line in body if line[:1] in ("+", "-"))
-
-
 def split_hunks(patch: str) -> list[str]:
     """Split a unified diff (GitHub/GitLab `patch` text) into hunks, each starting at `@@`."""
     hunks: list[list[str]] = []
