@@ -10,7 +10,6 @@ from bot.model import FileChange
 from bot.review.chunking import (
     count_changed_lines,
     plan_chunks,
-    plan_single_chunk,
     split_hunks,
 )
 
@@ -121,11 +120,6 @@ def test_the_assemble_classifier_plugs_in() -> None:
     result = plan_chunks(files, skip=assemble.classify_skipped_file)
     assert [s.path for s in result.skipped] == ["package-lock.json"]
     assert result.total_lines == 4
-
-
-def test_single_chunk_covers_everything() -> None:
-    result = plan_single_chunk([5, 6, 7])
-    assert len(result.chunks) == 1 and result.chunks[0].lines == 18
 
 
 @given(

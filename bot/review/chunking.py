@@ -278,9 +278,3 @@ def plan_chunks(
             pieces.append(_Piece({**base, "lines": lines, "patch": change.patch}, lines))
     chunks = _with_first_chunk(pieces, line_budget=line_budget, first_budget=first_budget)
     return ChunkingResult(chunks=chunks, skipped=tuple(skipped))
-
-
-def plan_single_chunk(file_lines: Sequence[int]) -> ChunkingResult:
-    """The whole review as one call (fifo and priority policies: no time slicing)."""
-    entries = tuple({"index": i, "lines": n} for i, n in enumerate(file_lines))
-    return ChunkingResult(chunks=(ChunkPlan(files=entries, lines=sum(file_lines)),))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from bot.diff import SIDES, Side
 from bot.model import SEVERITIES
-from bot.review.anchor import ANCHOR_OUTCOMES, FileLines, anchor_finding, normalize_path
+from bot.review.anchor import ANCHOR_OUTCOMES, FileLines, anchor_finding
 
 MAX_FINDINGS_PER_CHUNK = 20
 MAX_BODY_CHARS = 2_000
@@ -197,13 +197,6 @@ def normalize_line(value: Any) -> int | None:
         number = int(value.strip())
         return number if number > 0 else None
     return None
-
-
-def resolve_path(value: Any, paths: Collection[str]) -> str | None:
-    """The chunk path a finding names, accepting git's a/ or b/ prefixes and a leading ./"""
-    if not isinstance(value, str) or not value or len(value) > MAX_PATH_CHARS:
-        return None
-    return normalize_path(value, paths)
 
 
 def _side_of(value: Any) -> Side | str | None:
