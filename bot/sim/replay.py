@@ -134,7 +134,11 @@ async def replay_trace(
     batched: BatchedEngines | None = None
     if batching is not None:
         names = [f"engine-{index}" for index in range(slots)]
-        pool = EnginePool.build(names, window or WindowSettings(), now=clock.now())
+        # The engine model has no prefix cache: a prefill costs the same on every engine, so
+        # a review's chunk never waits for its home engine here (it still goes home when
+        # there is room).
+        settings = replace(window or WindowSettings(), affinity_prefill_s=0.0)
+        pool = EnginePool.build(names, settings, now=clock.now())
         batched = BatchedEngines(batching, names)
     tracked: dict[str, _Tracked] = {}
     by_job: dict[int, _Tracked] = {}
