@@ -410,3 +410,28 @@ forge_write_claims = Table(
     Column("seen_at", DateTime(timezone=True), nullable=False),
     Index("ix_forge_write_claims_budget", "budget_key", "seen_at"),
 )
+
+# Created by migration 0024: sums over finished reviews per group (all, a language, a
+# repository, a pull request), which the learned cost estimate (bot.sched.cost) predicts from.
+REVIEW_COST_SUMS = (
+    "reviews",
+    "lines",
+    "files",
+    "chunks",
+    "engine_s",
+    "prompt_tokens",
+    "completion_tokens",
+    "log_factor",
+    "prompt_per_line",
+    "completion_per_line",
+)
+review_costs = Table(
+    "review_costs",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    *(Column(name, Float, nullable=False, server_default="0") for name in REVIEW_COST_SUMS),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint("scope IN ('all', 'language', 'repo', 'pull')", name="scope"),
+    Index("ix_review_costs_updated_at", "updated_at"),
+)

@@ -1,10 +1,11 @@
 """The queue store: one object over PostgreSQL, made of parts split by what they manage.
 
 Jobs and intake (jobs.py), job levels (levels.py), chunks and their leases (chunks.py),
-posting claims (posting.py) and the history (history.py) each decide their SQL from their own
-named statements (jobs_sql.py, chunks_sql.py, history_sql.py); the connector (connector.py)
-runs it; rows become models in one place (records.py). Slash commands keep their inbox in
-bot/commands/inbox.py, review findings theirs in findings.py.
+posting claims (posting.py), the history (history.py) and what finished reviews cost
+(costs.py) each decide their SQL from their own named statements (jobs_sql.py, chunks_sql.py,
+history_sql.py, costs_sql.py); the connector (connector.py) runs it; rows become models in one
+place (records.py). Slash commands keep their inbox in bot/commands/inbox.py, review findings
+theirs in findings.py.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from bot.db import SessionTimeouts, create_engine
 from bot.queue.base import QueueSettings
 from bot.queue.chunks import ChunkLeases
 from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, Connector
+from bot.queue.costs import CostRow, JobCost, ReviewCosts
 from bot.queue.history import JobHistory
 from bot.queue.jobs import dedupe_key_for, request_from_json, request_to_json
 from bot.queue.posting import PostingClaims
 from bot.queue.records import ChunkOutcome, HistoryEntry, Leased, LevelLoad, SubmitResult
 
 
-class QueueStore(ChunkLeases, PostingClaims, JobHistory):
+class QueueStore(ChunkLeases, PostingClaims, JobHistory, ReviewCosts):
     """Queue operations; decides what the SQL does, the connector only runs it."""
 
     def __init__(self, engine: AsyncEngine, *, settings: QueueSettings | None = None) -> None:
@@ -56,7 +58,9 @@ __all__ = [
     "COMMAND_CHANNEL",
     "QUEUE_CHANNEL",
     "ChunkOutcome",
+    "CostRow",
     "HistoryEntry",
+    "JobCost",
     "Leased",
     "LevelLoad",
     "QueueSettings",
