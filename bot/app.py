@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock, SystemClock
 from bot.commands.worker import CommandWorkerSettings, setup_commands
+from bot.components import queue_settings
 from bot.config import Settings
 from bot.errors import ConfigError, StoreError, StoreUnavailable, WebhookError
 from bot.forges.base import ForgeClient
@@ -21,7 +22,7 @@ from bot.obs.dashboard import QueuedReview, StandingsReader, setup_admin
 from bot.obs.liveness import stale_after
 from bot.obs.metrics import Metrics, metrics_exposure, setup_metrics
 from bot.policy import PolicyBook, load_policy_book
-from bot.queue.store import QueueSettings, QueueStore
+from bot.queue.store import QueueStore
 from bot.status.eta import Capacity
 from bot.status.render import about, ordinal
 from bot.status.standing import EtaModel, read_standings
@@ -80,7 +81,7 @@ def create_app(
             raise ConfigError("DATABASE_URL is not set")
         store = QueueStore.from_url(
             settings.database_url,
-            settings=QueueSettings(supersede_running=not settings.quiet_reviews),
+            settings=queue_settings(settings),
         )
         app.on_cleanup.append(_closer(store))
     used_clock: Clock = clock if clock is not None else SystemClock()

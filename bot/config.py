@@ -404,7 +404,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         aging_interval_s=_float(env, "REVIEW_BOT_AGING_S", 1800.0),
         lease_s=lease_s,
         heartbeat_s=_float(env, "REVIEW_BOT_HEARTBEAT_S", default_heartbeat_s(lease_s)),
-        max_attempts=_int(env, "REVIEW_BOT_MAX_ATTEMPTS", 3),
+        max_attempts=_positive_int(env, "REVIEW_BOT_MAX_ATTEMPTS", 3),
+        retry_backoff_s=_positive_float(env, "REVIEW_BOT_CHUNK_RETRY_BACKOFF_S", 10.0),
         shutdown_grace_s=_float(env, "REVIEW_BOT_SHUTDOWN_GRACE_S", 20.0),
     )
     if scheduler.workers < 1:

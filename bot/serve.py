@@ -14,8 +14,9 @@ from aiohttp import web
 from bot.app import create_app, create_worker_app
 from bot.budget.ledger import PostgresWriteBudget
 from bot.clock import Clock, SystemClock
+from bot.components import queue_settings, session_timeouts
 from bot.config import Settings, check_scheduler_settings
-from bot.db import SessionTimeouts, is_database_unavailable, upgrade_database
+from bot.db import is_database_unavailable, upgrade_database
 from bot.engine_setup import engine_pool_for, served_budget
 from bot.errors import ConfigError, StoreError
 from bot.forges.registry import ForgeRegistry, budget_settings, build_forges, configured_forges
@@ -25,7 +26,7 @@ from bot.obs.metrics import Metrics, start_metrics_site
 from bot.outage import OutageWatch
 from bot.pipeline import build_pipeline
 from bot.policy import PolicyBook, load_policy_book
-from bot.queue.store import QueueSettings, QueueStore
+from bot.queue.store import QueueStore
 from bot.review.forge_side import ReviewPipeline
 from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
@@ -68,13 +69,8 @@ def open_store(settings: Settings, *, pool_size: int | None = None) -> QueueStor
     return QueueStore.from_url(
         settings.database_url,
         pool_size=pool_size or max(10, settings.scheduler.workers + 4),
-        # Quiet reviews let a running review finish; the next covers what came after it.
-        settings=QueueSettings(supersede_running=not settings.quiet_reviews),
-        timeouts=SessionTimeouts(
-            statement_s=settings.db_statement_timeout_s,
-            lock_s=settings.db_lock_timeout_s,
-            idle_in_transaction_s=settings.db_idle_in_transaction_timeout_s,
-        ),
+        settings=queue_settings(settings),
+        timeouts=session_timeouts(settings),
     )
 
 
