@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiohttp import web
-from sqlalchemy import text
 
 from bot import devdb
 from bot.app import create_app
@@ -55,6 +54,7 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import FileChange, Forge, Job, JobState
 from bot.obs.reports import Report, ReportOptions, build_report, format_table
 from bot.policy import load_policy_book
+from bot.queue.sql import monitoring as monitoring_sql
 from bot.queue.store import QueueStore
 from bot.sched.dispatcher import DispatcherSettings
 from bot.serve import open_store, start_dispatcher
@@ -444,10 +444,8 @@ async def print_results(
         f"now {dict(Counter(last_state.values()))}"
     )
     async with store.engine.connect() as conn:
-        waited = (await conn.execute(text("SELECT count(*) FROM alerts"))).scalar_one()
-        service = (
-            await conn.execute(text("SELECT message FROM operational_alerts ORDER BY fired_at"))
-        ).all()
+        waited = (await conn.execute(monitoring_sql.COUNT_ALERTS)).scalar_one()
+        service = (await conn.execute(monitoring_sql.SELECT_OPERATIONAL_ALERT_MESSAGES)).all()
     say(
         f"alerts: {waited} reviews waited past their level's threshold (bot report alerts); "
         + (

@@ -19,7 +19,7 @@ from bot.clock import VirtualClock
 from bot.config import load_settings
 from bot.db import plain_url
 from bot.model import LEVELS, Level
-from bot.obs.monitoring_sql import DISPATCH_BACKLOG
+from bot.queue.sql.monitoring import DISPATCH_BACKLOG
 from bot.queue.store import QueueStore
 from tests.factories import decide, make_request, plans
 

@@ -18,7 +18,6 @@ from typing import Protocol
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from bot.budget import ledger_sql as sql
 from bot.budget.decide import (
     HOUR_S,
     BudgetLimits,
@@ -39,6 +38,7 @@ from bot.budget.intent import (
     current_intent,
 )
 from bot.errors import ForgeError
+from bot.queue.sql import budget as sql
 
 log = logging.getLogger(__name__)
 

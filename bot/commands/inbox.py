@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
-
 from bot.model import Command, Forge
+from bot.queue.sql import commands as sql
 from bot.queue.store import QueueStore
 
 # Intake records a command delivery as 'command' or 'command_pending' (the worker has not run
@@ -20,108 +19,6 @@ DONE_OUTCOME = "command_done"
 FAILED_OUTCOME = "command_failed"
 # The commands ran; their reply and reactions wait for the forge until detail->>'retry_at'.
 REPLY_PENDING_OUTCOME = "command_reply_pending"
-
-# Claim pending command deliveries (and ones whose claimer died) for one worker, in one
-# statement; SKIP LOCKED keeps concurrent workers apart. Only deliveries received since
-# :since are looked at, so the scan stays on ix_webhook_deliveries_received_at.
-CLAIM_PENDING_COMMANDS = text(
-    """
-    UPDATE webhook_deliveries d
-    SET outcome = 'command_running',
-        detail = COALESCE(d.detail, '{}'::jsonb) || jsonb_build_object(
-            'claimed_by', CAST(:owner AS text),
-            'claimed_at', CAST(:now AS timestamptz),
-            'attempts', COALESCE(CAST(d.detail->>'attempts' AS int), 0) + 1)
-    WHERE d.id IN (
-        SELECT id FROM webhook_deliveries
-        WHERE received_at >= :since
-          AND (outcome IN ('command', 'command_pending')
-               OR (outcome = 'command_running'
-                   AND CAST(detail->>'claimed_at' AS timestamptz) < :stale_before)
-               OR (outcome = 'command_reply_pending'
-                   AND CAST(detail->>'retry_at' AS timestamptz) <= :now))
-        ORDER BY id
-        LIMIT :limit
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING d.id, d.delivery_id, d.forge, d.received_at, d.detail
-    """
-)
-
-# Finish a delivery this worker holds: its outcome, the job it touched, what each command did.
-MARK_COMMAND_DONE = text(
-    """
-    UPDATE webhook_deliveries
-    SET outcome = :outcome, job_id = COALESCE(:job_id, job_id),
-        detail = COALESCE(detail, '{}'::jsonb) || CAST(:result AS jsonb)
-    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
-      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
-    RETURNING id
-    """
-)
-
-# Keep what a held delivery still has to tell the forge (its outbox), before telling it: a
-# worker that dies then leaves the outbox to whoever takes the claim over, not the commands.
-SAVE_OUTBOX = text(
-    """
-    UPDATE webhook_deliveries
-    SET job_id = COALESCE(:job_id, job_id),
-        detail = COALESCE(detail, '{}'::jsonb) || CAST(:saved AS jsonb)
-    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
-      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
-    RETURNING id
-    """
-)
-
-# Hand a held delivery's unsent outbox back until :retry_at (the forge failed meanwhile).
-DEFER_OUTBOX = text(
-    """
-    UPDATE webhook_deliveries
-    SET outcome = 'command_reply_pending',
-        detail = COALESCE(detail, '{}'::jsonb) || CAST(:deferred AS jsonb)
-    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
-      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
-    RETURNING id
-    """
-)
-
-# Renew the claims a live worker holds (its heartbeat): a claim is taken over only once its
-# holder stopped renewing it for a lease.
-RENEW_CLAIMS = text(
-    """
-    UPDATE webhook_deliveries
-    SET detail = detail || jsonb_build_object('claimed_at', CAST(:now AS timestamptz))
-    WHERE id = ANY(CAST(:ids AS bigint[])) AND outcome = 'command_running'
-      AND detail->>'claimed_by' = :owner
-    """
-)
-
-# Whether a claim attempt still holds the delivery: each claim counts an attempt (detail's
-# `attempts`), which fences the attempt before it; checked right before each forge write.
-CLAIM_HELD = text(
-    """
-    SELECT 1 FROM webhook_deliveries
-    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
-      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
-    """
-)
-
-# Accepted raises by one user of one forge since midnight UTC (the per-day quota).
-COUNT_RAISES_TODAY = text(
-    """
-    SELECT count(*) FROM job_history
-    WHERE kind = 'command' AND actor = :actor AND at >= :since AND at <= :now
-      AND to_value = 'accepted' AND detail->>'raise' = 'true' AND detail->>'forge' = :forge
-    """
-)
-
-# Which commands of a delivery already ran (a claim taken over after a crash skips them).
-SELECT_EXECUTED_COMMANDS = text(
-    """
-    SELECT CAST(detail->>'index' AS int) AS command_index FROM job_history
-    WHERE kind = 'command' AND at >= :since AND detail->>'delivery_id' = :delivery_id
-    """
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +94,7 @@ class CommandInbox:
         async with self.store.connector.transaction() as conn:
             rows = (
                 await conn.execute(
-                    CLAIM_PENDING_COMMANDS,
+                    sql.CLAIM_PENDING_COMMANDS,
                     {
                         "owner": owner,
                         "now": now,
@@ -231,7 +128,7 @@ class CommandInbox:
         async with self.store.connector.transaction() as conn:
             row = (
                 await conn.execute(
-                    MARK_COMMAND_DONE,
+                    sql.MARK_COMMAND_DONE,
                     {
                         "id": delivery.id,
                         "owner": owner,
@@ -257,7 +154,7 @@ class CommandInbox:
         when another worker took the delivery over."""
         saved = {**result, "outbox": list(outbox), "outbox_tries": 0}
         return await self._update_held(
-            SAVE_OUTBOX,
+            sql.SAVE_OUTBOX,
             {
                 "id": delivery.id,
                 "owner": owner,
@@ -289,7 +186,7 @@ class CommandInbox:
         if reply_id is not None:
             deferred["reply_id"] = reply_id
         return await self._update_held(
-            DEFER_OUTBOX,
+            sql.DEFER_OUTBOX,
             {
                 "id": delivery.id,
                 "owner": owner,
@@ -301,12 +198,12 @@ class CommandInbox:
     async def renew_claims(self, ids: Sequence[int], *, owner: str, now: datetime) -> None:
         """Renew the claims `owner` holds on the deliveries `ids`."""
         async with self.store.connector.transaction() as conn:
-            await conn.execute(RENEW_CLAIMS, {"ids": list(ids), "owner": owner, "now": now})
+            await conn.execute(sql.RENEW_CLAIMS, {"ids": list(ids), "owner": owner, "now": now})
 
     async def holds(self, delivery: ClaimedDelivery, *, owner: str) -> bool:
         """Whether this claim attempt of `owner` still holds the delivery."""
         return await self._update_held(
-            CLAIM_HELD, {"id": delivery.id, "owner": owner, "attempt": delivery.attempts}
+            sql.CLAIM_HELD, {"id": delivery.id, "owner": owner, "attempt": delivery.attempts}
         )
 
     async def _update_held(self, statement: Any, params: Mapping[str, Any]) -> bool:
@@ -319,7 +216,7 @@ class CommandInbox:
         async with self.store.connector.transaction() as conn:
             value = (
                 await conn.execute(
-                    COUNT_RAISES_TODAY,
+                    sql.COUNT_RAISES_TODAY,
                     {"actor": actor, "forge": forge, "since": midnight_utc(now), "now": now},
                 )
             ).scalar_one()
@@ -330,7 +227,7 @@ class CommandInbox:
         async with self.store.connector.transaction() as conn:
             rows = (
                 await conn.execute(
-                    SELECT_EXECUTED_COMMANDS,
+                    sql.SELECT_EXECUTED_COMMANDS,
                     {
                         "delivery_id": delivery.delivery_id,
                         # the history is written by the worker's clock: allow for skew

@@ -23,10 +23,11 @@ from bot.config import AlertSettings
 from bot.errors import StoreError, StoreUnavailable
 from bot.logsafe import escaped
 from bot.model import Level
-from bot.obs import monitoring_sql as sql
+from bot.obs import database
 from bot.obs.liveness import no_dispatcher_message, read_liveness, stale_after
 from bot.obs.metrics import Metrics, read_queue_snapshot
 from bot.outage import OutageWatch
+from bot.queue.sql import monitoring as sql
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class AlertMonitor:
         if not self.settings.threshold_s:
             return []
         cutoff = now - timedelta(seconds=min(self.settings.threshold_s.values()))
-        rows = await sql.fetch_rows(
+        rows = await database.fetch_rows(
             self.engine, sql.SELECT_ALERT_CANDIDATES, {"cutoff": cutoff, "limit": self.limit}
         )
         waiting = [
@@ -157,7 +158,7 @@ class AlertMonitor:
         )
         if not due:
             return []
-        recorded = await sql.insert_alerts(
+        recorded = await database.insert_alerts(
             self.engine,
             [
                 {
@@ -209,14 +210,14 @@ class AlertMonitor:
         )
         parameters = {"kind": NO_DISPATCHER, "now": now}
         if message is None:
-            if liveness.dispatchers and await sql.write_rows(
+            if liveness.dispatchers and await database.write_rows(
                 self.engine, sql.RESOLVE_OPERATIONAL_ALERT, parameters
             ):
                 note = f"a dispatcher is alive again ({liveness.dispatchers} now)"
                 log.info("%s", note, extra={"action": "no_dispatcher_resolved"})
                 self._note(note)
             return None
-        opened = await sql.write_rows(
+        opened = await database.write_rows(
             self.engine, sql.OPEN_OPERATIONAL_ALERT, {**parameters, "message": message}
         )
         if not opened:

@@ -25,10 +25,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock
 from bot.model import LEVELS, Level
-from bot.obs import monitoring_sql as sql
+from bot.obs import database
 from bot.obs.access import bearer_token, came_over_https, token_matches
 from bot.obs.liveness import Liveness, read_liveness, stale_after
 from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
+from bot.queue.sql import monitoring as sql
 from bot.stats import percentile
 
 COOKIE_NAME = "review_bot_admin"
@@ -135,9 +136,11 @@ async def read_dashboard(
     since = now - timedelta(hours=hours)
     queue = await read_queue_snapshot(engine, now=now)
     liveness = await read_liveness(engine, now=now, stale_after_s=dispatcher_stale_s)
-    rows = await sql.fetch_rows(engine, sql.SELECT_STARTED_WAITS, {"since": since, "until": now})
-    alerts = await sql.fetch_rows(engine, sql.SELECT_RECENT_ALERTS, {"limit": 20})
-    engine_rows = await sql.fetch_rows(
+    rows = await database.fetch_rows(
+        engine, sql.SELECT_STARTED_WAITS, {"since": since, "until": now}
+    )
+    alerts = await database.fetch_rows(engine, sql.SELECT_RECENT_ALERTS, {"limit": 20})
+    engine_rows = await database.fetch_rows(
         engine, sql.SELECT_ENGINE_WORK, {"since": since, "until": now}
     )
     engines_since = since

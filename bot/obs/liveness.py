@@ -14,7 +14,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.obs import monitoring_sql as sql
+from bot.obs import database
+from bot.queue.sql import monitoring as sql
 
 STALE_HEARTBEATS = 3
 # Dispatchers that died this long ago still show on the dashboard, then drop off.
@@ -145,6 +146,6 @@ def beat_from_row(row: Mapping[str, Any]) -> DispatcherBeat:
 async def read_liveness(engine: AsyncEngine, *, now: datetime, stale_after_s: float) -> Liveness:
     """Read recent heartbeats and count what is alive; raises StoreUnavailable/StoreError."""
     since = now - timedelta(seconds=max(RECENT_S, stale_after_s))
-    rows = await sql.fetch_rows(engine, sql.SELECT_DISPATCHERS, {"since": since})
+    rows = await database.fetch_rows(engine, sql.SELECT_DISPATCHERS, {"since": since})
     beats: Sequence[DispatcherBeat] = [beat_from_row(dict(row._mapping)) for row in rows]
     return summarize_liveness(beats, now=now, stale_after_s=stale_after_s)

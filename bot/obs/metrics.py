@@ -28,9 +28,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.clock import Clock
 from bot.errors import ConfigError, StoreError
 from bot.model import ANCHOR_OUTCOMES, LEVELS, Level
-from bot.obs import monitoring_sql as sql
+from bot.obs import database
 from bot.obs.access import bearer_token, token_matches
 from bot.obs.liveness import read_liveness, stale_after
+from bot.queue.sql import monitoring as sql
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,8 @@ def build_snapshot(
 
 async def read_queue_snapshot(engine: AsyncEngine, *, now: datetime) -> QueueSnapshot:
     """Read the queue per level now; raises StoreUnavailable."""
-    jobs = await sql.fetch_rows(engine, sql.SELECT_QUEUE_JOBS)
-    chunks = await sql.fetch_rows(engine, sql.SELECT_QUEUE_CHUNKS, {"now": now})
+    jobs = await database.fetch_rows(engine, sql.SELECT_QUEUE_JOBS)
+    chunks = await database.fetch_rows(engine, sql.SELECT_QUEUE_CHUNKS, {"now": now})
     return build_snapshot(
         (dict(row._mapping) for row in jobs), (dict(row._mapping) for row in chunks), now=now
     )
@@ -433,7 +434,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
         liveness = await read_liveness(
             config.engine, now=now, stale_after_s=config.dispatcher_stale_s
         )
-        budgets = await sql.fetch_rows(config.engine, sql.SELECT_FORGE_BUDGETS, {"now": now})
+        budgets = await database.fetch_rows(config.engine, sql.SELECT_FORGE_BUDGETS, {"now": now})
     except StoreError as exc:
         # Serve the counters anyway; the queue and liveness gauges keep their last values.
         config.metrics.scrape_errors.inc()

@@ -33,7 +33,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import TextClause
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -42,6 +42,7 @@ from bot.config import Settings
 from bot.db import create_engine, translate_database_error
 from bot.errors import ConfigError, ReviewBotError
 from bot.model import LEVELS, Level
+from bot.queue.sql import reports as sql
 from bot.stats import profile_verdict
 
 SUCCESS_REDUCTION = 0.5  # the seed's success criterion: mean wait down at least 50%
@@ -51,102 +52,16 @@ class ReportError(ReviewBotError):
     """A report could not be built (unknown name, bad period, missing grant)."""
 
 
-def _window(column: str, *, repo: bool = True) -> str:
-    clauses = [
-        f"(CAST(:since AS timestamptz) IS NULL OR {column} >= CAST(:since AS timestamptz))",
-        f"(CAST(:until AS timestamptz) IS NULL OR {column} < CAST(:until AS timestamptz))",
-    ]
-    if repo:
-        clauses.append("(CAST(:repo AS text) IS NULL OR repo = CAST(:repo AS text))")
-    return " AND ".join(clauses)
-
-
-# The aggregate reports are SQL functions of migration 0014 (the psql views of the same names
-# call them with their defaults): waits by level, service time, workers and repositories.
-WINDOW = "CAST(:since AS timestamptz), CAST(:until AS timestamptz), CAST(:repo AS text)"
-
-WAITS = text(
-    f"""
-    SELECT * FROM report_waits_by_level({WINDOW},
-        CAST(:t0 AS float8), CAST(:t1 AS float8), CAST(:t2 AS float8),
-        CAST(:as_of AS timestamptz))
-    """
-)
-
-DURATIONS = text(f"SELECT * FROM report_durations({WINDOW})")
-
-WORKERS = text(f"SELECT * FROM report_workers({WINDOW}, CAST(:slots AS integer))")
-
-REPOS = text(f"SELECT * FROM report_repos({WINDOW}, CAST(:limit AS bigint))")
-
-# The largest reviews by changed lines.
-LARGEST = text(
-    f"""
-    SELECT job_id, forge, repo, number, 'P' || level AS level, state, total_lines,
-           files_changed, chunks_total, gpu_s, turnaround_s
-    FROM report_largest_reviews
-    WHERE {_window("enqueued_at")}
-    ORDER BY total_lines DESC, job_id
-    LIMIT :limit
-    """
-)
-
-# Reprioritizations and slash commands, and who made them.
-COMMANDS = text(
-    f"""
-    SELECT at, job_id, forge, repo, number, kind, actor, what, from_value, to_value
-    FROM report_commands
-    WHERE {_window("at")}
-    ORDER BY at, job_id
-    LIMIT :limit
-    """
-)
-
-# Dead and failed jobs with their errors, newest first.
-FAILURES = text(
-    f"""
-    SELECT job_id, forge, repo, number, state, 'P' || level AS level, attempts, enqueued_at,
-           finished_at, last_error, dead_chunks, chunk_errors
-    FROM report_failures
-    WHERE {_window("enqueued_at")}
-    ORDER BY finished_at DESC NULLS LAST, job_id DESC
-    LIMIT :limit
-    """
-)
-
-# Wait alerts raised, newest first.
-ALERTS = text(
-    f"""
-    SELECT fired_at, job_id, forge, repo, number, level, waited_s, threshold_s, state, message
-    FROM report_alerts
-    WHERE {_window("fired_at")}
-    ORDER BY fired_at DESC, job_id DESC
-    LIMIT :limit
-    """
-)
-
-# Work per engine (LLM server) and hour: chunks, tokens, engine seconds (migration 0015).
-ENGINES = text(
-    f"""
-    SELECT engine, hour, chunks, prompt_tokens, completion_tokens, gpu_s, latency_s,
-           tokens_per_gpu_s
-    FROM report_engines
-    WHERE {_window("(hour AT TIME ZONE 'UTC')", repo=False)}
-    ORDER BY engine, hour
-    LIMIT :limit
-    """
-)
-
 STATEMENTS: Mapping[str, TextClause] = {
-    "waits": WAITS,
-    "durations": DURATIONS,
-    "workers": WORKERS,
-    "engines": ENGINES,
-    "repos": REPOS,
-    "largest": LARGEST,
-    "commands": COMMANDS,
-    "failures": FAILURES,
-    "alerts": ALERTS,
+    "waits": sql.WAITS,
+    "durations": sql.DURATIONS,
+    "workers": sql.WORKERS,
+    "engines": sql.ENGINES,
+    "repos": sql.REPOS,
+    "largest": sql.LARGEST,
+    "commands": sql.COMMANDS,
+    "failures": sql.FAILURES,
+    "alerts": sql.ALERTS,
 }
 REPORT_NAMES: tuple[str, ...] = (*STATEMENTS, "compare")
 # What each report shows, for `bot report -h`.

@@ -9,11 +9,11 @@ from typing import Any
 
 from bot.errors import LeaseLost
 from bot.model import LEVELS, Chunk, ChunkState, JobId, JobState, Level
-from bot.queue import chunks_sql
 from bot.queue.connector import to_json
 from bot.queue.history import write_history
 from bot.queue.jobs import JobRecords
 from bot.queue.records import ChunkOutcome, EngineRunning, Leased, LevelLoad, chunk_from_row
+from bot.queue.sql import chunks as chunks_sql
 from bot.retry import exponential_delay
 
 log = logging.getLogger(__name__)

@@ -11,19 +11,18 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import TextClause
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from bot.db import translate_database_error
+from bot.queue.sql.connection import NOTIFY, PING
 
 QUEUE_CHANNEL = "review_bot_queue"  # wakes the dispatchers
 COMMAND_CHANNEL = "review_bot_commands"  # wakes the command worker (bot.commands.worker)
-
-# Wake the listeners of one channel.
-NOTIFY = text("SELECT pg_notify(:channel, :payload)")
-PING = text("SELECT 1")
+# Wakes the status publisher: a trigger on review_jobs NOTIFYs it on every state change.
+STATUS_CHANNEL = "review_bot_status"
 
 
 @contextmanager

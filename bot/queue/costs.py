@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from bot.queue import costs_sql
 from bot.queue.base import StorePart
 from bot.queue.connector import to_json
 from bot.queue.schema import REVIEW_COST_SUMS
+from bot.queue.sql import costs as costs_sql
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,9 @@ from typing import Any, Literal, cast
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.diff import Side
-from bot.queue import findings_sql as sql
 from bot.queue.connector import database_errors
 from bot.queue.records import NO_FENCE, Fence
+from bot.queue.sql import findings as sql
 
 FindingState = Literal["open", "resolved"]
 

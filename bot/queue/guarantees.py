@@ -11,10 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.queue.connector import database_errors
+from bot.queue.sql import guarantees as sql
+from bot.queue.sql.connection import READ_ONLY_SNAPSHOT
 
 # How many breaking rows each guarantee reports (the count says how many there are).
 SHOWN = 20
@@ -55,107 +57,32 @@ GUARANTEES: tuple[Guarantee, ...] = (
     Guarantee(
         "done_jobs_hold_no_lease",
         "no job is both done and holding a lease (planning, posting or a chunk)",
-        text(
-            """
-            SELECT 'job ' || j.id || ' is done and holds '
-                   || concat_ws(', ',
-                        CASE WHEN j.planning_until > :now THEN 'its planning claim' END,
-                        CASE WHEN j.posting_until > :now THEN 'its posting claim' END,
-                        CASE WHEN EXISTS (SELECT 1 FROM review_chunks c
-                                          WHERE c.job_id = j.id AND c.state = 'running')
-                             THEN 'a running chunk' END) AS detail
-            FROM review_jobs j
-            WHERE j.state = 'done'
-              AND (j.planning_until > :now OR j.posting_until > :now
-                   OR EXISTS (SELECT 1 FROM review_chunks c
-                              WHERE c.job_id = j.id AND c.state = 'running'))
-            ORDER BY j.id
-            """
-        ),
+        sql.DONE_JOBS_HOLD_NO_LEASE,
     ),
     Guarantee(
         "no_chunk_done_twice",
         "no chunk is counted done twice: a job's done count is its chunks done",
-        text(
-            """
-            SELECT 'job ' || j.id || ' counts ' || j.chunks_done || ' chunks done of '
-                   || j.chunks_total || ', its chunks show ' || d.done AS detail
-            FROM review_jobs j
-            CROSS JOIN LATERAL (SELECT count(*) AS done FROM review_chunks c
-                                WHERE c.job_id = j.id AND c.state = 'done') d
-            WHERE j.chunks_done <> d.done OR j.chunks_done > j.chunks_total
-            ORDER BY j.id
-            """
-        ),
+        sql.NO_CHUNK_DONE_TWICE,
     ),
     Guarantee(
         "one_posting_per_job",
         "at most one posting is recorded per job and head",
-        text(
-            """
-            SELECT 'job ' || h.job_id || ' (head ' || left(j.head_sha, 12)
-                   || ') recorded posted ' || count(*) || ' times' AS detail
-            FROM job_history h JOIN review_jobs j ON j.id = h.job_id
-            WHERE h.kind = 'state' AND h.to_value = 'done'
-            GROUP BY h.job_id, j.head_sha
-            HAVING count(*) > 1
-            ORDER BY h.job_id
-            """
-        ),
+        sql.ONE_POSTING_PER_JOB,
     ),
     Guarantee(
         "acknowledged_deliveries_have_jobs",
         "every acknowledged (queued) webhook delivery has its job",
-        text(
-            """
-            SELECT 'delivery ' || d.delivery_id || ' was queued '
-                   || CASE WHEN d.job_id IS NULL THEN 'without a job'
-                           ELSE 'for job ' || d.job_id || ', which does not exist' END
-                   AS detail
-            FROM webhook_deliveries d
-            WHERE d.outcome = 'queued'
-              AND (d.job_id IS NULL
-                   OR NOT EXISTS (SELECT 1 FROM review_jobs j WHERE j.id = d.job_id))
-            ORDER BY d.id
-            """
-        ),
+        sql.ACKNOWLEDGED_DELIVERIES_HAVE_JOBS,
     ),
     Guarantee(
         "no_lease_outlives_its_holder",
         "no lease is held by a process whose heartbeat is older than the lease",
-        text(
-            """
-            SELECT 'chunk ' || c.id || ' is leased to ' || c.lease_owner || ' until '
-                   || c.lease_expires_at || ', last seen ' || p.last_seen AS detail
-            FROM review_chunks c JOIN dispatchers p ON p.name = c.lease_owner
-            WHERE c.state = 'running' AND c.lease_expires_at > :now
-              AND (p.stopped_at IS NOT NULL
-                   OR p.last_seen < CAST(:now AS timestamptz)
-                                    - make_interval(secs => CAST(:lease_s AS double precision)
-                                                    + CAST(:heartbeat_s AS double precision)))
-            ORDER BY c.id
-            """
-        ),
+        sql.NO_LEASE_OUTLIVES_ITS_HOLDER,
     ),
     Guarantee(
         "attempts_within_limits",
         "attempts never exceed the configured maximum",
-        text(
-            """
-            SELECT 'chunk ' || id || ' ran ' || attempts || ' attempts (at most '
-                   || CAST(:max_chunk_attempts AS int) || ')' AS detail
-            FROM review_chunks WHERE attempts > CAST(:max_chunk_attempts AS int)
-            UNION ALL
-            SELECT 'job ' || j.id || ' tried ' || stage.name || ' ' || stage.tries
-                   || ' times (at most ' || CAST(:max_stage_attempts AS int) || ')'
-            FROM review_jobs j
-            CROSS JOIN LATERAL (VALUES
-                ('planning', COALESCE(CAST(j.request->>'planning_attempts' AS int), 0)),
-                ('posting', COALESCE(CAST(j.request->>'posting_attempts' AS int), 0))
-            ) AS stage(name, tries)
-            WHERE stage.tries > CAST(:max_stage_attempts AS int)
-            """
-        ),
+        sql.ATTEMPTS_WITHIN_LIMITS,
     ),
 )
 
@@ -178,7 +105,7 @@ async def check_guarantees(
     results: list[GuaranteeResult] = []
     with database_errors():
         async with engine.connect() as conn:
-            await conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+            await conn.execute(READ_ONLY_SNAPSHOT)
             for guarantee in guarantees:
                 names = guarantee.query.compile().params
                 rows = (

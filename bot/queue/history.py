@@ -8,10 +8,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from bot.queue import history_sql
 from bot.queue.base import StorePart
 from bot.queue.connector import to_json
 from bot.queue.records import HistoryEntry, history_from_row
+from bot.queue.sql import history as history_sql
 
 
 async def write_history(

@@ -12,11 +12,12 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bot.model import ChunkPlan, Job, JobId, JobState, PolicyDecision, ReviewRequest
-from bot.queue import chunks_sql, jobs_sql
 from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, to_json
 from bot.queue.history import write_history
 from bot.queue.levels import JobLevels
 from bot.queue.records import NO_FENCE, Fence, SubmitResult, job_from_row
+from bot.queue.sql import chunks as chunks_sql
+from bot.queue.sql import jobs as jobs_sql
 
 log = logging.getLogger(__name__)
 

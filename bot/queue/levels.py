@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bot.model import Level
-from bot.queue import jobs_sql
 from bot.queue.base import StorePart
 from bot.queue.history import write_history
+from bot.queue.sql import jobs as jobs_sql
 
 
 class JobLevels(StorePart):

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from bot.model import Job
-from bot.queue import jobs_sql
 from bot.queue.base import StorePart
 from bot.queue.history import write_history
 from bot.queue.records import NO_FENCE, Fence, job_from_row
+from bot.queue.sql import posting as posting_sql
 
 
 class PostingClaims(StorePart):
@@ -21,7 +21,7 @@ class PostingClaims(StorePart):
         With `now`, jobs whose last posting try set a later retry time are left out.
         """
         rows = await self.connector.fetch_all(
-            jobs_sql.SELECT_UNPOSTED_JOBS, {"limit": limit, "now": now}
+            posting_sql.SELECT_UNPOSTED_JOBS, {"limit": limit, "now": now}
         )
         return [job_from_row(row) for row in rows]
 
@@ -33,7 +33,7 @@ class PostingClaims(StorePart):
         async with self.connector.single_statement() as conn:
             row = (
                 await conn.execute(
-                    jobs_sql.CLAIM_POSTING,
+                    posting_sql.CLAIM_POSTING,
                     {
                         "job_id": job_id,
                         "owner": owner,
@@ -50,7 +50,7 @@ class PostingClaims(StorePart):
         async with self.connector.transaction() as conn:
             row = (
                 await conn.execute(
-                    jobs_sql.POSTING_HELD,
+                    posting_sql.POSTING_HELD,
                     {"job_id": job_id, "owner": fence.owner, "attempt": fence.attempt},
                 )
             ).first()
@@ -65,7 +65,7 @@ class PostingClaims(StorePart):
         async with self.connector.single_statement() as conn:
             rows = (
                 await conn.execute(
-                    jobs_sql.RENEW_POSTING_CLAIMS,
+                    posting_sql.RENEW_POSTING_CLAIMS,
                     {
                         "job_ids": list(job_ids),
                         "owner": owner,
@@ -78,13 +78,13 @@ class PostingClaims(StorePart):
     async def release_posting_claims(self, *, owner: str) -> int:
         """Give up every posting claim `owner` holds (shutdown); returns how many."""
         async with self.connector.single_statement() as conn:
-            rows = (await conn.execute(jobs_sql.RELEASE_POSTING_CLAIMS, {"owner": owner})).all()
+            rows = (await conn.execute(posting_sql.RELEASE_POSTING_CLAIMS, {"owner": owner})).all()
         return len(rows)
 
     async def release_planning_claims(self, *, owner: str) -> int:
         """Give up every planning claim `owner` holds (shutdown); returns how many."""
         async with self.connector.single_statement() as conn:
-            rows = (await conn.execute(jobs_sql.RELEASE_PLANNING_CLAIMS, {"owner": owner})).all()
+            rows = (await conn.execute(posting_sql.RELEASE_PLANNING_CLAIMS, {"owner": owner})).all()
         return len(rows)
 
     async def defer_job(
@@ -105,7 +105,7 @@ class PostingClaims(StorePart):
         async with self.connector.transaction() as conn:
             row = (
                 await conn.execute(
-                    jobs_sql.DEFER_JOB,
+                    posting_sql.DEFER_JOB,
                     {
                         "job_id": job_id,
                         "error": error[:4000],

@@ -170,7 +170,7 @@ review_chunks = Table(
         "state",
         postgresql_where=text("state IN ('queued', 'running')"),
     ),
-    # The dispatch backlog an autoscaler polls (bot.obs.monitoring_sql.DISPATCH_BACKLOG).
+    # The dispatch backlog an autoscaler polls (bot.queue.sql.monitoring.DISPATCH_BACKLOG).
     Index(
         "ix_review_chunks_backlog",
         "available_at",

@@ -2,10 +2,10 @@
 
 Jobs and intake (jobs.py), job levels (levels.py), chunks and their leases (chunks.py),
 posting claims (posting.py), the history (history.py) and what finished reviews cost
-(costs.py) each decide their SQL from their own named statements (jobs_sql.py, chunks_sql.py,
-history_sql.py, costs_sql.py); the connector (connector.py) runs it; rows become models in one
-place (records.py). Slash commands keep their inbox in bot/commands/inbox.py, review findings
-theirs in findings.py.
+(costs.py) each decide their SQL from their own named statements (bot/queue/sql/: jobs,
+chunks, posting, history, costs); the connector (connector.py) runs it; rows become models in
+one place (records.py). Slash commands keep their inbox in bot/commands/inbox.py, review
+findings theirs in findings.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock
 from bot.errors import StoreError
-from bot.obs import monitoring_sql as sql
+from bot.obs import database
+from bot.queue.sql import monitoring as sql
 from bot.sched.engine_pool import EnginePool
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class Presence:
         """Say this dispatcher is alive at `now`; raises StoreUnavailable/StoreError."""
         if self.started_at is None:
             self.started_at = now
-        await sql.write_rows(
+        await database.write_rows(
             self.engine,
             sql.UPSERT_DISPATCHER,
             {
@@ -88,11 +89,13 @@ class Presence:
                 "engines": json.dumps(self.engines()),
             },
         )
-        await sql.write_rows(self.engine, sql.PRUNE_DISPATCHERS, {"before": now - FORGET_AFTER})
+        await database.write_rows(
+            self.engine, sql.PRUNE_DISPATCHERS, {"before": now - FORGET_AFTER}
+        )
 
     async def leave(self, *, now: datetime) -> None:
         """Say this dispatcher stopped (so it does not read as crashed); raises StoreError."""
-        await sql.write_rows(
+        await database.write_rows(
             self.engine, sql.MARK_DISPATCHER_STOPPED, {"name": self.name, "now": now}
         )
 

@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.model import LEVELS, JobState, Level
+from bot.queue.sql import status as sql
 from bot.sched.mlfq import ServiceEstimator
 from bot.stats import percentile
-from bot.status import publisher_sql as sql
 from bot.status.calibrate import EtaLearner
 from bot.status.eta import Capacity
 from bot.status.standing import calibrated, estimate_rows, fetch_arrivals, fetch_live_rows

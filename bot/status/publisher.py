@@ -37,8 +37,9 @@ from bot.forges.statuses import (
     gitlab_state_of,
 )
 from bot.model import JobState, Level
+from bot.queue.connector import STATUS_CHANNEL
+from bot.queue.sql import status as sql
 from bot.sched.mlfq import ServiceEstimator
-from bot.status import publisher_sql as sql
 from bot.status.calibrate import EtaLearner
 from bot.status.decide import (
     DEFAULT_NEUTRAL_AT,
@@ -550,7 +551,7 @@ class StatusPublisher:
 
         try:
             connection = await asyncpg.connect(plain_url(database_url), timeout=10)
-            await connection.add_listener(sql.STATUS_CHANNEL, lambda *_: wake.set())
+            await connection.add_listener(STATUS_CHANNEL, lambda *_: wake.set())
             connection.add_termination_listener(lambda *_: wake.set())
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             if not quiet:

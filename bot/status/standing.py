@@ -18,8 +18,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.model import LEVELS, Level
+from bot.queue.sql import status as sql
 from bot.sched.mlfq import MlfqSettings, ServiceEstimator
-from bot.status import publisher_sql as sql
 from bot.status.calibrate import Calibration
 from bot.status.eta import Arrivals, Capacity, Estimate, estimate_queue
 from bot.status.load import ARRIVALS_WINDOW_S, LiveCalls, arrivals_of, job_load

@@ -5,7 +5,7 @@ Revises: 0020_fencing_contract
 Create Date: 2026-12-04 17:50:00.000000
 
 KEDA's postgresql scaler sizes the dispatcher Deployment by the work waiting for dispatchers
-(bot.obs.monitoring_sql.DISPATCH_BACKLOG): chunks ready or running, counted by an index-only
+(bot.queue.sql.monitoring.DISPATCH_BACKLOG): chunks ready or running, counted by an index-only
 scan of this partial index on `available_at`, and unplanned jobs (ix_review_jobs_unplanned).
 Polled every few seconds by every scaler, it must not read the table's done chunks.
 """

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import TextClause, text
-
-
-def _sql(statement: str) -> TextClause:
-    return text(statement)
-
+from bot.queue.sql import statement
 
 # Append to the job's history (state, level and command entries).
-INSERT_HISTORY = _sql(
+INSERT_HISTORY = statement(
     """
     INSERT INTO job_history (job_id, at, kind, from_value, to_value, reason, actor, detail)
     VALUES (:job_id, :now, :kind, :from_value, :to_value, :reason, :actor,
@@ -18,4 +13,5 @@ INSERT_HISTORY = _sql(
     """
 )
 
-SELECT_HISTORY = _sql("SELECT * FROM job_history WHERE job_id = :job_id ORDER BY id")
+# A job's history, oldest first.
+SELECT_HISTORY = statement("SELECT * FROM job_history WHERE job_id = :job_id ORDER BY id")

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import TextClause, text
-
-
-def _sql(statement: str) -> TextClause:
-    return text(statement)
-
+from bot.queue.sql import statement
 
 # Everything earlier reviews recorded on one pull request, in the order it was first said.
-SELECT_FINDINGS_OF_PULL = _sql(
+SELECT_FINDINGS_OF_PULL = statement(
     """
     SELECT * FROM review_findings
     WHERE forge = :forge AND repo = :repo AND number = :number
@@ -21,7 +16,7 @@ SELECT_FINDINGS_OF_PULL = _sql(
 # Record findings a review said (or said again after their code came back): open, with the
 # job that said them last; a discussion id already known is kept when the new one is unknown.
 # With a fence, nothing is recorded unless that posting attempt still holds the job's claim.
-UPSERT_FINDINGS = _sql(
+UPSERT_FINDINGS = statement(
     """
     INSERT INTO review_findings (forge, repo, number, fingerprint, path, line, side, severity,
                                  body, anchor_text, state, inline, forge_ref, first_job_id,
@@ -45,7 +40,7 @@ UPSERT_FINDINGS = _sql(
 )
 
 # Findings whose code is gone: resolved by the review that noticed (fenced like the upsert).
-RESOLVE_FINDINGS = _sql(
+RESOLVE_FINDINGS = statement(
     """
     UPDATE review_findings
     SET state = 'resolved', resolved_at = :now, updated_at = :now, last_job_id = :job_id
@@ -60,7 +55,7 @@ RESOLVE_FINDINGS = _sql(
 )
 
 # The reviews of one pull request that were posted, oldest first (what the summary lists).
-SELECT_REVIEWED_HEADS = _sql(
+SELECT_REVIEWED_HEADS = statement(
     """
     SELECT id, head_sha, finished_at, request->'increment' AS increment
     FROM review_jobs
@@ -71,7 +66,7 @@ SELECT_REVIEWED_HEADS = _sql(
 
 # The newest posted review of a pull request other than :job_id: the head a next review
 # starts from.
-SELECT_LAST_REVIEWED = _sql(
+SELECT_LAST_REVIEWED = statement(
     """
     SELECT id, head_sha, finished_at, request->'increment' AS increment
     FROM review_jobs
@@ -84,7 +79,7 @@ SELECT_LAST_REVIEWED = _sql(
 
 # An older review of the same pull request that is still underway (started, or finished but
 # not yet posted): a newer one plans after it, from the head it reviewed.
-SELECT_REVIEW_UNDERWAY = _sql(
+SELECT_REVIEW_UNDERWAY = statement(
     """
     SELECT id FROM review_jobs
     WHERE forge = :forge AND repo = :repo AND number = :number AND id < :job_id
@@ -96,7 +91,7 @@ SELECT_REVIEW_UNDERWAY = _sql(
 
 # Hand an unplanned job back to the planners, to be planned again from :retry_at (no attempt
 # is counted: waiting for another review is no failure).
-PLAN_LATER = _sql(
+PLAN_LATER = statement(
     """
     UPDATE review_jobs
     SET request = request || jsonb_build_object('retry_at', CAST(:retry_at AS text)),

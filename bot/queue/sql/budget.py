@@ -1,14 +1,16 @@
-"""Every SQL statement of the write budget, named, each with its intent."""
+"""The SQL of the forge write budget: its limits, claims waiting for room, writes spent."""
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from bot.queue.sql import statement
 
 # One decision at a time per budget, across processes (released at commit).
-LOCK_BUDGET = text("SELECT pg_advisory_xact_lock(hashtextextended('forge_budget:' || :key, 0))")
+LOCK_BUDGET = statement(
+    "SELECT pg_advisory_xact_lock(hashtextextended('forge_budget:' || :key, 0))"
+)
 
 # The budget's row with the limits this process runs with; returns a pause the forge asked for.
-UPSERT_BUDGET = text(
+UPSERT_BUDGET = statement(
     """
     INSERT INTO forge_budgets (budget_key, forge, per_minute, per_hour, updated_at)
     VALUES (:key, :forge, :per_minute, :per_hour, :now)
@@ -20,7 +22,7 @@ UPSERT_BUDGET = text(
 )
 
 # A new claim; a claim replacing one of the same target keeps that one's place in line.
-INSERT_CLAIM = text(
+INSERT_CLAIM = statement(
     """
     INSERT INTO forge_write_claims (budget_key, value, level, target, job_id, requested_at,
                                     seen_at)
@@ -34,14 +36,15 @@ INSERT_CLAIM = text(
 )
 
 # A waiting claim looks again (stays live); no row: it was coalesced away meanwhile.
-TOUCH_CLAIM = text(
+TOUCH_CLAIM = statement(
     "UPDATE forge_write_claims SET seen_at = :now WHERE id = :id RETURNING requested_at"
 )
 
-DELETE_CLAIM = text("DELETE FROM forge_write_claims WHERE id = :id")
+# A claim that spent, was dropped or gave up leaves the line.
+DELETE_CLAIM = statement("DELETE FROM forge_write_claims WHERE id = :id")
 
 # The live claims of a budget (claims of dead processes go stale and are ignored).
-SELECT_CLAIMS = text(
+SELECT_CLAIMS = statement(
     """
     SELECT id, value, level, target, requested_at FROM forge_write_claims
     WHERE budget_key = :key AND seen_at > :stale
@@ -49,7 +52,7 @@ SELECT_CLAIMS = text(
 )
 
 # The writes of the windows (ix_forge_writes_budget_spent).
-SELECT_SPENT = text(
+SELECT_SPENT = statement(
     """
     SELECT spent_at FROM forge_writes
     WHERE budget_key = :key AND spent_at > :since
@@ -57,7 +60,8 @@ SELECT_SPENT = text(
     """
 )
 
-RECORD_WRITE = text(
+# A write spent from the budget (the windows count these).
+RECORD_WRITE = statement(
     """
     INSERT INTO forge_writes (budget_key, spent_at, asked_at, value, level, action, job_id)
     VALUES (:key, :now, :asked_at, :value, :level, :action, :job_id)
@@ -65,11 +69,13 @@ RECORD_WRITE = text(
 )
 
 # Writes older than any window, and claims long dead.
-PRUNE_WRITES = text("DELETE FROM forge_writes WHERE budget_key = :key AND spent_at < :before")
-PRUNE_CLAIMS = text("DELETE FROM forge_write_claims WHERE budget_key = :key AND seen_at < :before")
+PRUNE_WRITES = statement("DELETE FROM forge_writes WHERE budget_key = :key AND spent_at < :before")
+PRUNE_CLAIMS = statement(
+    "DELETE FROM forge_write_claims WHERE budget_key = :key AND seen_at < :before"
+)
 
 # The forge said to stop (Retry-After): every process pauses this budget until then.
-HOLD_BUDGET = text(
+HOLD_BUDGET = statement(
     """
     INSERT INTO forge_budgets (budget_key, forge, per_minute, per_hour, blocked_until, updated_at)
     VALUES (:key, :forge, :per_minute, :per_hour, :until, :now)

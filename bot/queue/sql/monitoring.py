@@ -1,25 +1,12 @@
-"""Every read the monitoring side makes (metrics, alerts, dashboard), named in one place."""
+"""The SQL of monitoring: queue gauges, wait alerts, dispatcher presence, the dashboard, budgets."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from sqlalchemy import TextClause, text
-from sqlalchemy.engine import Row
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from bot.db import translate_database_error
-
-
-def _sql(statement: str) -> TextClause:
-    return text(statement)
-
+from bot.queue.sql import statement
 
 # Live jobs per level: not yet started (and ready), blocked on dependencies, running; and since
 # when the oldest ready job has waited for its first chunk.
-SELECT_QUEUE_JOBS = _sql(
+SELECT_QUEUE_JOBS = statement(
     """
     SELECT level,
            count(*) FILTER (WHERE state = 'queued' AND first_started_at IS NULL) AS waiting,
@@ -45,7 +32,7 @@ DISPATCH_BACKLOG = (
 )
 
 # Chunks per level that can be taken now, and that are running (uses ix_review_chunks_load).
-SELECT_QUEUE_CHUNKS = _sql(
+SELECT_QUEUE_CHUNKS = statement(
     """
     SELECT level,
            count(*) FILTER (WHERE state = 'queued' AND available_at <= :now) AS ready,
@@ -57,7 +44,7 @@ SELECT_QUEUE_CHUNKS = _sql(
 )
 
 # Ready jobs that have not started and have not been alerted, ready since before `cutoff`.
-SELECT_ALERT_CANDIDATES = _sql(
+SELECT_ALERT_CANDIDATES = statement(
     """
     SELECT j.id, j.forge, j.repo, j.number, j.level, j.ready_at
     FROM review_jobs j
@@ -70,7 +57,7 @@ SELECT_ALERT_CANDIDATES = _sql(
 )
 
 # Record an alert once per job across every process; no row back means another got there first.
-INSERT_ALERT = _sql(
+INSERT_ALERT = statement(
     """
     INSERT INTO alerts (job_id, level, waited_s, threshold_s, fired_at, message)
     VALUES (:job_id, :level, :waited_s, :threshold_s, :fired_at, :message)
@@ -80,7 +67,7 @@ INSERT_ALERT = _sql(
 )
 
 # The newest alerts, for the dashboard.
-SELECT_RECENT_ALERTS = _sql(
+SELECT_RECENT_ALERTS = statement(
     """
     SELECT fired_at, job_id, forge, repo, number, level, waited_s, threshold_s, message, state
     FROM report_alerts
@@ -90,7 +77,7 @@ SELECT_RECENT_ALERTS = _sql(
 )
 
 # Waits of jobs that started in a window, for the dashboard's charts.
-SELECT_STARTED_WAITS = _sql(
+SELECT_STARTED_WAITS = statement(
     """
     SELECT level, first_started_at, wait_s
     FROM report_waits
@@ -102,7 +89,7 @@ SELECT_STARTED_WAITS = _sql(
 
 # Work per engine (LLM server) finished in a window: the engine seconds its chunks were
 # charged (their shares of each batch add up to the time the engine was busy) and tokens.
-SELECT_ENGINE_WORK = _sql(
+SELECT_ENGINE_WORK = statement(
     """
     SELECT engine, count(*) AS chunks, COALESCE(sum(gpu_seconds), 0) AS busy_s,
            sum(COALESCE((result -> 'usage' ->> 'completion_tokens')::bigint, 0)) AS tokens
@@ -116,7 +103,7 @@ SELECT_ENGINE_WORK = _sql(
 
 
 # A dispatcher's heartbeat: its row, created on the first beat, refreshed on every other.
-UPSERT_DISPATCHER = _sql(
+UPSERT_DISPATCHER = statement(
     """
     INSERT INTO dispatchers (name, host, pid, started_at, last_seen, stopped_at, slots, running,
                              engines)
@@ -130,7 +117,7 @@ UPSERT_DISPATCHER = _sql(
 )
 
 # A dispatcher that stops cleanly says so, rather than going stale.
-MARK_DISPATCHER_STOPPED = _sql(
+MARK_DISPATCHER_STOPPED = statement(
     """
     UPDATE dispatchers SET stopped_at = :now, last_seen = :now, running = 0
     WHERE name = :name RETURNING name
@@ -138,10 +125,10 @@ MARK_DISPATCHER_STOPPED = _sql(
 )
 
 # Rows of processes long gone (each restart is a new name).
-PRUNE_DISPATCHERS = _sql("DELETE FROM dispatchers WHERE last_seen < :before RETURNING name")
+PRUNE_DISPATCHERS = statement("DELETE FROM dispatchers WHERE last_seen < :before RETURNING name")
 
 # Dispatchers heard from since `since`, alive or not (the caller judges which are alive).
-SELECT_DISPATCHERS = _sql(
+SELECT_DISPATCHERS = statement(
     """
     SELECT name, host, pid, started_at, last_seen, stopped_at, slots, running, engines
     FROM dispatchers WHERE last_seen >= :since ORDER BY name
@@ -149,7 +136,7 @@ SELECT_DISPATCHERS = _sql(
 )
 
 # Open an operational alert once per outage across every process; no row: already open.
-OPEN_OPERATIONAL_ALERT = _sql(
+OPEN_OPERATIONAL_ALERT = statement(
     """
     INSERT INTO operational_alerts (kind, fired_at, message) VALUES (:kind, :now, :message)
     ON CONFLICT (kind) WHERE resolved_at IS NULL DO NOTHING
@@ -158,7 +145,7 @@ OPEN_OPERATIONAL_ALERT = _sql(
 )
 
 # The outage is over: close its alert (a row back means this process saw the recovery first).
-RESOLVE_OPERATIONAL_ALERT = _sql(
+RESOLVE_OPERATIONAL_ALERT = statement(
     """
     UPDATE operational_alerts SET resolved_at = :now
     WHERE kind = :kind AND resolved_at IS NULL
@@ -169,7 +156,7 @@ RESOLVE_OPERATIONAL_ALERT = _sql(
 
 # Each forge identity's write budget: its limits, writes spent in the last minute and hour,
 # writes waiting for room, and a pause the forge asked for (ix_forge_writes_budget_spent).
-SELECT_FORGE_BUDGETS = _sql(
+SELECT_FORGE_BUDGETS = statement(
     """
     SELECT b.budget_key, b.per_minute, b.per_hour, b.blocked_until,
            count(w.id) FILTER (
@@ -187,39 +174,10 @@ SELECT_FORGE_BUDGETS = _sql(
     """
 )
 
+# Wait alerts raised so far (the demo's summary).
+COUNT_ALERTS = statement("SELECT count(*) FROM alerts")
 
-async def fetch_rows(
-    engine: AsyncEngine, statement: TextClause, params: Mapping[str, Any] | None = None
-) -> list[Row[Any]]:
-    """Run one read; raises StoreUnavailable when the database cannot be reached."""
-    try:
-        async with engine.connect() as conn:
-            result = await conn.execute(statement, dict(params or {}))
-            return list(result.all())
-    except (SQLAlchemyError, OSError) as exc:
-        raise translate_database_error(exc, what="query failed") from exc
-
-
-async def write_rows(
-    engine: AsyncEngine, statement: TextClause, params: Mapping[str, Any]
-) -> list[Row[Any]]:
-    """Run one write in its own transaction and return its rows; raises StoreUnavailable."""
-    try:
-        async with engine.begin() as conn:
-            result = await conn.execute(statement, dict(params))
-            return list(result.all())
-    except (SQLAlchemyError, OSError) as exc:
-        raise translate_database_error(exc, what="write failed") from exc
-
-
-async def insert_alerts(engine: AsyncEngine, rows: list[Mapping[str, Any]]) -> set[int]:
-    """Record alerts in one transaction; returns the job ids recorded now (not before)."""
-    recorded: set[int] = set()
-    try:
-        async with engine.begin() as conn:
-            for row in rows:
-                result = await conn.execute(INSERT_ALERT, dict(row))
-                recorded.update(int(r.job_id) for r in result.all())
-    except (SQLAlchemyError, OSError) as exc:
-        raise translate_database_error(exc, what="write failed") from exc
-    return recorded
+# Every operational alert's message, oldest first (the demo's summary).
+SELECT_OPERATIONAL_ALERT_MESSAGES = statement(
+    "SELECT message FROM operational_alerts ORDER BY fired_at"
+)

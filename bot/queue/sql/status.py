@@ -1,21 +1,14 @@
-"""Every SQL statement of the status publisher, named, each with its intent."""
+"""The status publisher's SQL: live jobs and their ETA inputs, owed statuses, its lease."""
 
 from __future__ import annotations
 
-from sqlalchemy import text
-
-_REPORT_COLUMNS = """
-    s.state AS status_state, s.level AS status_level, s.place AS status_place,
-    s.finish_at AS status_finish_at, s.parts_done AS status_parts_done,
-    s.parts_total AS status_parts_total, s.conclusion AS status_conclusion,
-    s.published_at AS status_published_at, s.external_id AS status_external_id
-"""
+from bot.queue.sql import statement
 
 # Every live job with what the ETA needs (its calls: ranks, sizes, running since when; its own
 # finished calls) and the status last written for it. One lateral aggregate per job over its
 # chunks (the (job_id, seq) unique index).
-SELECT_LIVE_JOBS = text(
-    f"""
+SELECT_LIVE_JOBS = statement(
+    """
     SELECT j.id, j.forge, j.repo, j.number, j.head_sha, j.installation_id, j.project_id,
            j.level, j.state, j.planned, j.first_started_at IS NOT NULL AS started,
            j.enqueued_at, j.total_lines, j.additions, j.deletions, j.chunks_total,
@@ -23,7 +16,10 @@ SELECT_LIVE_JOBS = text(
            j.request->>'web_url' AS web_url,
            c.queued_ranks, c.queued_lines, c.running_lines, c.running_started,
            c.done_lines, c.done_calls, c.done_gpu_s,
-           {_REPORT_COLUMNS}
+           s.state AS status_state, s.level AS status_level, s.place AS status_place,
+           s.finish_at AS status_finish_at, s.parts_done AS status_parts_done,
+           s.parts_total AS status_parts_total, s.conclusion AS status_conclusion,
+           s.published_at AS status_published_at, s.external_id AS status_external_id
     FROM review_jobs j
     CROSS JOIN LATERAL (
         SELECT array_agg(ch.rank ORDER BY ch.seq)
@@ -45,7 +41,7 @@ SELECT_LIVE_JOBS = text(
 )
 
 # The reviews that arrived in a recent window: level and size, what the ETA expects more of.
-SELECT_RECENT_ARRIVALS = text(
+SELECT_RECENT_ARRIVALS = statement(
     """
     SELECT level, COALESCE(NULLIF(total_lines, 0), additions + deletions) AS lines
     FROM review_jobs
@@ -54,22 +50,26 @@ SELECT_RECENT_ARRIVALS = text(
 )
 
 # The model the publisher estimates with, kept for every other process (one row per name).
-UPSERT_ETA_MODEL = text(
+UPSERT_ETA_MODEL = statement(
     """
     INSERT INTO eta_model (name, model, updated_at) VALUES (:name, CAST(:model AS jsonb), :now)
     ON CONFLICT (name) DO UPDATE SET model = EXCLUDED.model, updated_at = EXCLUDED.updated_at
     """
 )
-SELECT_ETA_MODEL = text("SELECT model FROM eta_model WHERE name = :name")
+# The model another process stored (a restarted publisher starts from it).
+SELECT_ETA_MODEL = statement("SELECT model FROM eta_model WHERE name = :name")
 
 # Ended jobs whose final status is owed (the outbox a trigger on review_jobs fills when a job
 # ends; a Re-run marks its row `republish`), oldest end first.
-SELECT_OWED = text(
-    f"""
+SELECT_OWED = statement(
+    """
     SELECT j.id, j.forge, j.repo, j.number, j.head_sha, j.installation_id, j.project_id,
            j.level, j.state, j.reasons, j.review, j.last_error, j.chunks_total, j.chunks_done,
            j.enqueued_at, j.finished_at, j.request->>'web_url' AS web_url, o.republish,
-           {_REPORT_COLUMNS}
+           s.state AS status_state, s.level AS status_level, s.place AS status_place,
+           s.finish_at AS status_finish_at, s.parts_done AS status_parts_done,
+           s.parts_total AS status_parts_total, s.conclusion AS status_conclusion,
+           s.published_at AS status_published_at, s.external_id AS status_external_id
     FROM status_outbox o JOIN review_jobs j ON j.id = o.job_id
     LEFT JOIN status_reports s ON s.job_id = j.id
     WHERE j.state IN ('done', 'failed', 'dead', 'superseded', 'cancelled')
@@ -79,7 +79,7 @@ SELECT_OWED = text(
 )
 
 # Which of these jobs ended, how and when (what the ETA learns from, outside the publisher).
-SELECT_ENDED_AMONG = text(
+SELECT_ENDED_AMONG = statement(
     """
     SELECT id, state, finished_at FROM review_jobs
     WHERE id = ANY(CAST(:ids AS bigint[]))
@@ -89,13 +89,13 @@ SELECT_ENDED_AMONG = text(
 
 # The owed status was written (or is not wanted): the job leaves the outbox, unless a Re-run
 # asked again meanwhile.
-SETTLE_OWED = text(
+SETTLE_OWED = statement(
     "DELETE FROM status_outbox WHERE job_id = :job_id AND republish = CAST(:republish AS boolean)"
 )
 
 # What GitLab holds now on each head (the newest status written there by any job): GitLab
 # refuses transitions its state machine does not allow, whichever job asks.
-SELECT_HEAD_STATES = text(
+SELECT_HEAD_STATES = statement(
     """
     SELECT DISTINCT ON (s.repo, s.head_sha) s.repo, s.head_sha, s.state, s.conclusion
     FROM status_reports s
@@ -106,7 +106,7 @@ SELECT_HEAD_STATES = text(
 
 # Remember what was written (only while the writing attempt holds the publisher's lease); the
 # first write keeps its ETA as the one given at enqueue.
-RECORD_REPORT = text(
+RECORD_REPORT = statement(
     """
     INSERT INTO status_reports (job_id, forge, repo, head_sha, kind, external_id, state, level,
                                 place, finish_at, first_finish_at, parts_done, parts_total,
@@ -125,13 +125,10 @@ RECORD_REPORT = text(
     """
 )
 
-# The channel the trigger on review_jobs NOTIFYs on every state change.
-STATUS_CHANNEL = "review_bot_status"
-
 # One publisher at a time across processes: a lease (process_leases) taken or renewed at each
 # pass. Its holder keeps its attempt; a takeover after it ran out is a new attempt, which
 # fences every write of the one before. No connection is held during a pass.
-ACQUIRE_LEASE = text(
+ACQUIRE_LEASE = statement(
     """
     INSERT INTO process_leases (name, owner, attempt, acquired_at, expires_at)
     VALUES (:name, :owner, 1, :now, :until)
@@ -148,7 +145,7 @@ ACQUIRE_LEASE = text(
 
 # Right before a status goes to the forge: this attempt still holds the lease, and a status
 # that is not final is only written while its job is still live.
-MAY_WRITE = text(
+MAY_WRITE = statement(
     """
     SELECT 1 FROM process_leases l JOIN review_jobs j ON j.id = :job_id
     WHERE l.name = :name AND l.owner = :owner AND l.attempt = :attempt

@@ -1,16 +1,11 @@
-"""The SQL of jobs: intake, planning, levels, posting claims and ending; `now` is a parameter."""
+"""The SQL of jobs: intake, planning, levels, reading and ending; `now` is a parameter."""
 
 from __future__ import annotations
 
-from sqlalchemy import TextClause, text
-
-
-def _sql(statement: str) -> TextClause:
-    return text(statement)
-
+from bot.queue.sql import statement
 
 # Record a webhook delivery once; returns no row when the delivery id was seen before.
-INSERT_DELIVERY = _sql(
+INSERT_DELIVERY = statement(
     """
     INSERT INTO webhook_deliveries (delivery_id, forge, event, action, received_at, outcome,
                                     detail, job_id)
@@ -22,7 +17,7 @@ INSERT_DELIVERY = _sql(
 )
 
 # Link an accepted delivery to the job it created or touched.
-UPDATE_DELIVERY_OUTCOME = _sql(
+UPDATE_DELIVERY_OUTCOME = statement(
     """
     UPDATE webhook_deliveries SET outcome = :outcome, job_id = :job_id,
            detail = COALESCE(CAST(:detail AS jsonb), detail)
@@ -31,10 +26,10 @@ UPDATE_DELIVERY_OUTCOME = _sql(
 )
 
 # The job already created for this exact change (idempotent enqueue).
-SELECT_JOB_BY_DEDUPE_KEY = _sql("SELECT * FROM review_jobs WHERE dedupe_key = :dedupe_key")
+SELECT_JOB_BY_DEDUPE_KEY = statement("SELECT * FROM review_jobs WHERE dedupe_key = :dedupe_key")
 
 # Cancel every live job of one PR (closed without merge, `/review cancel`).
-CANCEL_LIVE_JOBS = _sql(
+CANCEL_LIVE_JOBS = statement(
     """
     UPDATE review_jobs SET state = 'cancelled', finished_at = :now, last_error = :reason
     WHERE forge = :forge AND repo = :repo AND number = :number
@@ -44,7 +39,7 @@ CANCEL_LIVE_JOBS = _sql(
 )
 
 # Dependencies that are still unfinished (a job waits while any is live).
-SELECT_LIVE_DEPENDENCIES = _sql(
+SELECT_LIVE_DEPENDENCIES = statement(
     """
     SELECT id, level FROM review_jobs
     WHERE id = ANY(CAST(:ids AS bigint[])) AND state IN ('waiting', 'queued', 'running')
@@ -55,7 +50,7 @@ SELECT_LIVE_DEPENDENCIES = _sql(
 # until :until (a lease: a planner that dies loses its jobs to another when it runs out, and
 # each claim is a new attempt, which fences the one before); a job whose last planning try
 # failed waits for its retry time (request->>'retry_at').
-CLAIM_UNPLANNED_JOBS = _sql(
+CLAIM_UNPLANNED_JOBS = statement(
     """
     WITH candidate AS (
         SELECT id FROM review_jobs
@@ -78,7 +73,7 @@ CLAIM_UNPLANNED_JOBS = _sql(
 
 # Mark a job planned, with its size, what planning learned (`details`: skipped files, diff
 # shas) merged into its request, and (possibly re-evaluated) level.
-MARK_JOB_PLANNED = _sql(
+MARK_JOB_PLANNED = statement(
     """
     UPDATE review_jobs SET planned = true, chunks_total = :chunks_total,
            total_lines = :total_lines, files_changed = COALESCE(:files_changed, files_changed),
@@ -96,7 +91,7 @@ MARK_JOB_PLANNED = _sql(
 
 # End a job (done, failed, dead, cancelled) unless it already ended; an ended job holds no
 # claim. With a fence, only while that planning or posting attempt still holds its claim.
-FINISH_JOB = _sql(
+FINISH_JOB = statement(
     """
     UPDATE review_jobs
     SET state = :state, finished_at = :now, last_error = COALESCE(:error, last_error),
@@ -113,7 +108,7 @@ FINISH_JOB = _sql(
 )
 
 # Move a live job (and its unstarted chunks) to another level.
-SET_JOB_LEVEL = _sql(
+SET_JOB_LEVEL = statement(
     """
     UPDATE review_jobs new
     SET level = :level, level_gpu_seconds = 0, last_progress_at = :now
@@ -124,7 +119,8 @@ SET_JOB_LEVEL = _sql(
     """
 )
 
-SET_CHUNK_LEVEL = _sql(
+# ... and its chunks that have not started (running ones finish where they are).
+SET_CHUNK_LEVEL = statement(
     """
     UPDATE review_chunks SET level = :level
     WHERE job_id = :job_id AND state IN ('queued', 'blocked')
@@ -132,7 +128,7 @@ SET_CHUNK_LEVEL = _sql(
 )
 
 # Jobs that have waited an aging interval without progress rise one level (P0 only if born P0).
-AGE_JOBS = _sql(
+AGE_JOBS = statement(
     """
     WITH aged AS (
         UPDATE review_jobs j
@@ -158,7 +154,7 @@ AGE_JOBS = _sql(
 )
 
 # Waiting jobs whose dependencies have all ended become ready now.
-RELEASE_DEPENDENTS = _sql(
+RELEASE_DEPENDENTS = statement(
     """
     WITH ready AS (
         UPDATE review_jobs j SET state = 'queued', ready_at = :now, last_progress_at = :now
@@ -176,10 +172,11 @@ RELEASE_DEPENDENTS = _sql(
     """
 )
 
-SELECT_JOB = _sql("SELECT * FROM review_jobs WHERE id = :job_id")
+# One job by id.
+SELECT_JOB = statement("SELECT * FROM review_jobs WHERE id = :job_id")
 
 # The newest job of one PR (live ones first).
-SELECT_NEWEST_JOB_OF_PULL = _sql(
+SELECT_NEWEST_JOB_OF_PULL = statement(
     """
     SELECT * FROM review_jobs WHERE forge = :forge AND repo = :repo AND number = :number
     ORDER BY (state IN ('waiting', 'queued', 'running')) DESC, id DESC
@@ -187,30 +184,16 @@ SELECT_NEWEST_JOB_OF_PULL = _sql(
     """
 )
 
-SELECT_JOBS = _sql(
+# The newest jobs, of one state or all (`bot queue ls`).
+SELECT_JOBS = statement(
     """
     SELECT * FROM review_jobs WHERE (CAST(:state AS text) IS NULL OR state = :state)
     ORDER BY id DESC LIMIT :limit
     """
 )
 
-# Jobs whose chunks are all done but whose review was never posted (a crash in between).
-# With :now, jobs another poster holds a live claim on, or whose retry time has not come,
-# are left out: they must not fill the batch while others wait.
-SELECT_UNPOSTED_JOBS = _sql(
-    """
-    SELECT * FROM review_jobs
-    WHERE state = 'running' AND planned AND chunks_done >= chunks_total
-      AND (CAST(:now AS timestamptz) IS NULL OR request->>'retry_at' IS NULL
-           OR CAST(request->>'retry_at' AS timestamptz) <= :now)
-      AND (CAST(:now AS timestamptz) IS NULL OR posting_until IS NULL
-           OR posting_until <= :now)
-    ORDER BY level, id LIMIT :limit
-    """
-)
-
 # Place in line: queued jobs of more urgent levels, or of this level with a better rank.
-SELECT_QUEUE_POSITION = _sql(
+SELECT_QUEUE_POSITION = statement(
     """
     SELECT count(DISTINCT c.job_id) AS ahead
     FROM review_chunks c, (
@@ -222,33 +205,11 @@ SELECT_QUEUE_POSITION = _sql(
 )
 
 # The policy's level changes with the change itself (labels, size), not a person's say.
-SET_BASE_LEVEL = _sql("UPDATE review_jobs SET base_level = :level WHERE id = :job_id")
+SET_BASE_LEVEL = statement("UPDATE review_jobs SET base_level = :level WHERE id = :job_id")
 
 # The policy's reasons, re-decided once the diff's size is known (a hook's guesses go stale).
-SET_JOB_REASONS = _sql(
+SET_JOB_REASONS = statement(
     "UPDATE review_jobs SET reasons = CAST(:reasons AS jsonb) WHERE id = :job_id"
-)
-
-# A planning or posting try failed with a retryable error: count it (per kind, in the request)
-# and set when the next try may start, giving the claim back; no row when the job has ended
-# meanwhile, or (with a fence) when that attempt no longer holds its claim.
-DEFER_JOB = _sql(
-    """
-    UPDATE review_jobs
-    SET attempts = attempts + 1, last_error = :error,
-        request = request || jsonb_build_object(
-            'retry_at', CAST(:retry_at AS text),
-            CAST(:counter AS text),
-            COALESCE(CAST(request->>CAST(:counter AS text) AS integer), 0) + 1),
-        posting_until = NULL, planning_until = NULL
-    WHERE id = :job_id AND state IN ('waiting', 'queued', 'running')
-      AND (CAST(:fence_owner AS text) IS NULL
-           OR (:fence_kind = 'planning' AND planning_by = :fence_owner
-               AND planning_attempt = :fence_attempt)
-           OR (:fence_kind = 'posting' AND posting_by = :fence_owner
-               AND posting_attempt = :fence_attempt))
-    RETURNING state, CAST(request->>CAST(:counter AS text) AS integer) AS tries
-    """
 )
 
 # Intake's common path in one statement: record the delivery (once), insert the job (once per
@@ -257,7 +218,7 @@ DEFER_JOB = _sql(
 # cancel their unstarted chunks and wake the dispatchers. The job id is drawn first so the
 # delivery can point at it. When the delivery was seen before nothing else happens; when the
 # change was seen before (`job_id` is NULL but the delivery is new), the caller re-evaluates.
-SUBMIT_NEW_JOB = _sql(
+SUBMIT_NEW_JOB = statement(
     """
     WITH new_job AS (
         SELECT nextval(pg_get_serial_sequence('review_jobs', 'id')) AS id
@@ -321,67 +282,9 @@ SUBMIT_NEW_JOB = _sql(
     """
 )
 
-# Claim a finished job for posting until :until, unless another poster's claim is still valid:
-# a completion and a recovery pass (or two processes) never post the same review at once. The
-# claim is a lease: its holder renews it (RENEW_POSTING_CLAIMS); if the holder dies, it runs out
-# and the next claim is a new attempt, which fences every write of the one before.
-CLAIM_POSTING = _sql(
-    """
-    UPDATE review_jobs
-    SET posting_by = :owner, posting_until = :until, posting_attempt = posting_attempt + 1
-    WHERE id = :job_id AND state = 'running'
-      AND (posting_until IS NULL OR posting_until <= :now)
-    RETURNING posting_attempt
-    """
-)
-
-# Whether a posting attempt still holds its claim (checked before each forge write).
-POSTING_HELD = _sql(
-    """
-    SELECT 1 FROM review_jobs
-    WHERE id = :job_id AND state = 'running'
-      AND posting_by = :owner AND posting_attempt = :attempt
-    FOR SHARE
-    """
-)
-
-# Give up the posting claims `owner` holds (a stopping process): another poster may take
-# them at once; the marker on the forge keeps a post that got through from being repeated.
-# Give up the planning claims `owner` holds (a stopping process): another planner may take
-# them at once; the claim's attempt fences anything the stopped one might still write.
-RELEASE_PLANNING_CLAIMS = _sql(
-    """
-    UPDATE review_jobs
-    SET planning_until = NULL
-    WHERE NOT planned AND planning_by = :owner AND planning_until IS NOT NULL
-    RETURNING id
-    """
-)
-
-RELEASE_POSTING_CLAIMS = _sql(
-    """
-    UPDATE review_jobs
-    SET posting_until = NULL
-    WHERE state = 'running' AND posting_by = :owner AND posting_until IS NOT NULL
-    RETURNING id
-    """
-)
-
-# Renew the posting claims `owner` still holds (its heartbeat): a live poster keeps its jobs
-# however slow the forge is, a dead one loses them when the claim runs out.
-RENEW_POSTING_CLAIMS = _sql(
-    """
-    UPDATE review_jobs
-    SET posting_until = :until
-    WHERE id = ANY(CAST(:job_ids AS bigint[])) AND state = 'running'
-      AND posting_by = :owner
-    RETURNING id
-    """
-)
-
 # A Re-run: an ended job's status is written again (a new check run); a live one's is written
 # as it moves anyway. Either way the publisher wakes.
-REQUEST_REPUBLISH = _sql(
+REQUEST_REPUBLISH = statement(
     """
     WITH job AS (
         SELECT id, state IN ('done', 'failed', 'dead', 'superseded', 'cancelled') AS ended

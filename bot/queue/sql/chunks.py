@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import TextClause, text
-
-
-def _sql(statement: str) -> TextClause:
-    return text(statement)
-
+from bot.queue.sql import statement
 
 # Chunks of superseded or cancelled jobs that have not started will never run.
-CANCEL_PENDING_CHUNKS = _sql(
+CANCEL_PENDING_CHUNKS = statement(
     """
     UPDATE review_chunks SET state = 'cancelled', finished_at = :now
     WHERE job_id = ANY(CAST(:job_ids AS bigint[])) AND state IN ('queued', 'blocked')
@@ -18,7 +13,7 @@ CANCEL_PENDING_CHUNKS = _sql(
 )
 
 # Store a job's chunks; they are queued, or blocked while the job waits for dependencies.
-INSERT_CHUNKS = _sql(
+INSERT_CHUNKS = statement(
     """
     INSERT INTO review_chunks (job_id, seq, level, rank, state, files, lines, available_at)
     SELECT :job_id, plan.seq, job.level, plan.rank,
@@ -32,7 +27,7 @@ INSERT_CHUNKS = _sql(
 )
 
 # How much work is running and ready per level, across every dispatcher process.
-SELECT_LEVEL_LOAD = _sql(
+SELECT_LEVEL_LOAD = statement(
     """
     SELECT level,
            count(*) FILTER (WHERE state = 'running') AS running,
@@ -52,7 +47,7 @@ SELECT_LEVEL_LOAD = _sql(
 )
 
 # Chunks running on each engine, in every process (the windows are per engine, not per process).
-SELECT_ENGINE_LOAD = _sql(
+SELECT_ENGINE_LOAD = statement(
     """
     SELECT engine, count(*) AS running, count(*) FILTER (WHERE level = 0) AS p0
     FROM review_chunks
@@ -68,7 +63,7 @@ SELECT_ENGINE_LOAD = _sql(
 # stops at the first level that has a chunk and locks nothing in the levels after it. The
 # chunk is leased, its job marked started and a first start written to the history, all in
 # one statement.
-FETCH_CHUNK = _sql(
+FETCH_CHUNK = statement(
     """
     WITH candidate AS (
         SELECT pick.id
@@ -114,7 +109,7 @@ FETCH_CHUNK = _sql(
 )
 
 # Extend the leases a worker still holds.
-HEARTBEAT = _sql(
+HEARTBEAT = statement(
     """
     UPDATE review_chunks SET lease_expires_at = :lease_expires_at
     WHERE id = ANY(CAST(:chunk_ids AS bigint[])) AND lease_owner = :owner AND state = 'running'
@@ -122,7 +117,7 @@ HEARTBEAT = _sql(
 )
 
 # Name the engine a held chunk runs on after all (a review's chunk placed on its home engine).
-MOVE_CHUNK_ENGINE = _sql(
+MOVE_CHUNK_ENGINE = statement(
     """
     UPDATE review_chunks SET engine = :engine
     WHERE id = :chunk_id AND lease_owner = :owner AND state = 'running'
@@ -132,7 +127,7 @@ MOVE_CHUNK_ENGINE = _sql(
 # Finish a chunk the caller holds and count it against its job (progress, GPU time, GPU time
 # at this level), in one statement; no row means the lease was lost. The lease's attempt
 # (its fencing token) must match too: the same process may hold the chunk again by now.
-FINISH_CHUNK = _sql(
+FINISH_CHUNK = statement(
     """
     WITH finished AS (
         UPDATE review_chunks
@@ -156,7 +151,7 @@ FINISH_CHUNK = _sql(
 )
 
 # A failed attempt: back to the queue after a backoff, while attempts remain.
-RETRY_CHUNK = _sql(
+RETRY_CHUNK = statement(
     """
     UPDATE review_chunks
     SET state = 'queued', available_at = :available_at, last_error = :error,
@@ -169,7 +164,7 @@ RETRY_CHUNK = _sql(
 )
 
 # A chunk out of attempts (or failing for good) is dead, and so is its job.
-KILL_CHUNK = _sql(
+KILL_CHUNK = statement(
     """
     UPDATE review_chunks
     SET state = 'dead', finished_at = :now, last_error = :error,
@@ -182,7 +177,7 @@ KILL_CHUNK = _sql(
 
 # Give back a chunk that a stopping (or preempted) worker holds, without counting an attempt;
 # GPU seconds a preempted call already used are charged to the chunk.
-RELEASE_CHUNK = _sql(
+RELEASE_CHUNK = statement(
     """
     UPDATE review_chunks
     SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, started_at = NULL,
@@ -196,13 +191,13 @@ RELEASE_CHUNK = _sql(
 )
 
 # ... and to its job (not to the GPU time at its level: feedback counts finished work only).
-CHARGE_JOB_GPU = _sql(
+CHARGE_JOB_GPU = statement(
     "UPDATE review_jobs SET gpu_seconds = gpu_seconds + :used_s WHERE id = :job_id"
 )
 
 # Re-rank a job's continuation chunks that have not started (the scheduler's view of its
 # remaining work changed); its first chunk keeps its own rank.
-RERANK_CONTINUATIONS = _sql(
+RERANK_CONTINUATIONS = statement(
     """
     UPDATE review_chunks SET rank = :rank
     WHERE job_id = :job_id AND seq > 0 AND state IN ('queued', 'blocked') AND rank <> :rank
@@ -210,7 +205,7 @@ RERANK_CONTINUATIONS = _sql(
 )
 
 # Leases that expired (their worker died): back to the queue, or dead when out of attempts.
-RECLAIM_EXPIRED = _sql(
+RECLAIM_EXPIRED = statement(
     """
     UPDATE review_chunks
     SET state = CASE WHEN attempts >= :max_attempts THEN 'dead' ELSE 'queued' END,
@@ -226,13 +221,16 @@ RECLAIM_EXPIRED = _sql(
     """
 )
 
-SELECT_CHUNKS = _sql("SELECT * FROM review_chunks WHERE job_id = :job_id ORDER BY seq")
+# A job's chunks in order, with their results (the poster assembles the review from them).
+SELECT_CHUNKS = statement("SELECT * FROM review_chunks WHERE job_id = :job_id ORDER BY seq")
 
 # A job's chunk sizes in order (the scheduler ranks a job another process planned).
-SELECT_CHUNK_LINES = _sql("SELECT lines FROM review_chunks WHERE job_id = :job_id ORDER BY seq")
+SELECT_CHUNK_LINES = statement(
+    "SELECT lines FROM review_chunks WHERE job_id = :job_id ORDER BY seq"
+)
 
 # The attempts of a chunk the caller holds, locked while its failure is decided.
-LOCK_LEASED_CHUNK = _sql(
+LOCK_LEASED_CHUNK = statement(
     "SELECT attempts FROM review_chunks WHERE id = :chunk_id AND lease_owner = :owner"
     " AND state = 'running' AND (CAST(:attempt AS integer) IS NULL OR lease_attempt = :attempt)"
     " FOR UPDATE"
