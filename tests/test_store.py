@@ -15,6 +15,8 @@ from bot.clock import VirtualClock
 from bot.db import plain_url
 from bot.errors import LeaseLost
 from bot.model import LEVELS, ChunkState, JobState, Level
+from bot.queue.sql import chunks as chunks_sql
+from bot.queue.sql import statement
 from bot.queue.store import QueueSettings, QueueStore, request_from_json, request_to_json
 from tests.drain_worker import drain
 from tests.factories import decide, make_request, plans
@@ -228,22 +230,28 @@ async def test_dependency_waits_and_lends_its_level(store: QueueStore, clock: Vi
 async def test_dequeue_uses_its_partial_index(store: QueueStore, clock: VirtualClock) -> None:
     for number in range(1, 40):
         await _enqueue(store, clock, number=number, level=Level(number % 4), lines=(5, 5))
-    conn = await asyncpg.connect(plain_url(str(store.engine.url.render_as_string(False))))
-    try:
-        await conn.execute("ANALYZE review_chunks")
-        await conn.execute("SET enable_seqscan = off")
-        plan = await conn.fetchval(
-            "EXPLAIN SELECT id FROM review_chunks WHERE state = 'queued' AND level = 1"
-            " AND available_at <= now() ORDER BY rank, id LIMIT 1 FOR UPDATE SKIP LOCKED"
-        )
-        rows = await conn.fetch(
-            "EXPLAIN SELECT id FROM review_chunks WHERE state = 'queued' AND level = 1"
-            " AND available_at <= now() ORDER BY rank, id LIMIT 1 FOR UPDATE SKIP LOCKED"
-        )
-    finally:
-        await conn.close()
-    text = "\n".join(row[0] for row in rows)
-    assert plan and "ix_review_chunks_dequeue" in text, text
+    # The plan of the statement fetch_chunk runs, with the parameters it binds (EXPLAIN
+    # without ANALYZE plans the data-modifying CTE but leases nothing).
+    explain_fetch = statement("EXPLAIN " + chunks_sql.FETCH_CHUNK.text)
+    async with store.engine.connect() as conn:
+        await conn.execute(statement("ANALYZE review_chunks"))
+        await conn.execute(statement("SET enable_seqscan = off"))
+        rows = (
+            await conn.execute(
+                explain_fetch,
+                {
+                    "levels": [int(Level.P1), int(Level.P2)],
+                    "owner": "w",
+                    "now": clock.now(),
+                    "lease_expires_at": clock.now(),
+                    "max_rank": float("inf"),
+                    "engine": None,
+                },
+            )
+        ).all()
+    plan = "\n".join(row[0] for row in rows)
+    assert "Index Scan using ix_review_chunks_dequeue on review_chunks" in plan, plan
+    assert "LockRows" in plan and "review_chunks" in plan, plan
 
 
 @pytest.mark.parametrize("consumers", [8, 12])
