@@ -42,6 +42,7 @@ from bot.forges.base import (
 from bot.model import TERMINAL_JOB_STATES, Command, Forge, Job, ReviewRequest
 from bot.outage import OutageWatch
 from bot.policy import PolicyBook, evaluate
+from bot.queue.connector import Listener
 from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for, request_from_json
 from bot.review.deferral import RetryBudget
 from bot.status.eta import Capacity
@@ -213,30 +214,21 @@ class CommandWorker:
     def wake(self) -> None:
         self._wake.set()
 
-    async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Any:
-        """LISTEN on the command channel through its own asyncpg connection, if possible."""
+    async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Listener | None:
+        """LISTEN on the command channel through the store's connector, given `database_url`."""
         if database_url is None:
             return None
-        import asyncpg
-
-        from bot.db import plain_url
-
         try:
-            connection = await asyncpg.connect(plain_url(database_url), timeout=10)
-            await connection.add_listener(COMMAND_CHANNEL, lambda *_: self._wake.set())
-            # A server restart closes this connection: wake the loop so it listens again.
-            connection.add_termination_listener(lambda *_: self._wake.set())
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            if quiet:
-                return None
-            log.warning(
-                "LISTEN unavailable, polling every %ss: %s",
-                self.settings.poll_s,
-                exc,
-                extra={"action": "commands_listen_failed"},
-            )
+            return await self.store.connector.listen(COMMAND_CHANNEL, self._wake.set)
+        except StoreError as exc:
+            if not quiet:
+                log.warning(
+                    "LISTEN unavailable, polling every %ss: %s",
+                    self.settings.poll_s,
+                    exc,
+                    extra={"action": "commands_listen_failed"},
+                )
             return None
-        return connection
 
     # -- one delivery ----------------------------------------------------------------------
 

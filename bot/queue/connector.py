@@ -1,4 +1,5 @@
-"""How the store reaches PostgreSQL: transactions, autocommit statements, NOTIFY, its errors.
+"""How the store reaches PostgreSQL: transactions, autocommit statements, NOTIFY and LISTEN,
+its errors.
 
 The store's parts decide what to run (bot/queue/jobs.py, chunks.py, history.py); the connector
 only runs it, and translates driver errors into the store's own at this edge.
@@ -7,15 +8,16 @@ only runs it, and translates driver errors into the store's own at this edge.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from sqlalchemy import TextClause
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import URL, Row
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from bot.database_url import plain_url
 from bot.db import translate_database_error
 from bot.queue.sql.connection import NOTIFY, PING
 
@@ -23,6 +25,10 @@ QUEUE_CHANNEL = "review_bot_queue"  # wakes the dispatchers
 COMMAND_CHANNEL = "review_bot_commands"  # wakes the command worker (bot.commands.worker)
 # Wakes the status publisher: a trigger on review_jobs NOTIFYs it on every state change.
 STATUS_CHANNEL = "review_bot_status"
+
+
+# How long opening a LISTEN connection may take before the caller polls instead.
+LISTEN_CONNECT_TIMEOUT_S = 10.0
 
 
 @contextmanager
@@ -37,6 +43,30 @@ def database_errors() -> Iterator[None]:
 def to_json(value: Any) -> str:
     """Compact JSON for a jsonb parameter (times and other values as their text)."""
     return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def listen_dsn(url: URL) -> str:
+    """The engine's URL as asyncpg.connect reads it: `ssl` back to libpq's `sslmode` (a query
+    parameter asyncpg.connect does not know would reach the server as a setting)."""
+    query = dict(url.query)
+    if "ssl" in query and "sslmode" not in query:
+        query["sslmode"] = query.pop("ssl")
+    return plain_url(url.set(query=query).render_as_string(hide_password=False))
+
+
+class Listener:
+    """A LISTEN on its own connection (LISTEN needs one that stays open, outside the pool)."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    def is_closed(self) -> bool:
+        """True once the server closed the connection (a restart): listen again."""
+        return bool(self._connection.is_closed())
+
+    async def close(self) -> None:
+        if not self._connection.is_closed():
+            await self._connection.close()
 
 
 class Connector:
@@ -76,3 +106,23 @@ class Connector:
         """Check the database answers; raises StoreUnavailable."""
         async with self.transaction() as conn:
             await conn.execute(PING)
+
+    async def listen(self, channel: str, callback: Callable[[], None]) -> Listener:
+        """LISTEN on `channel`: `callback` runs on each NOTIFY, and once more when the server
+        closes the connection (so the caller wakes and listens again). Raises StoreError
+        (StoreUnavailable when the database cannot be reached)."""
+        import asyncpg
+
+        try:
+            connection = await asyncpg.connect(
+                listen_dsn(self.engine.url), timeout=LISTEN_CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise translate_database_error(exc, what="LISTEN failed") from exc
+        try:
+            await connection.add_listener(channel, lambda *_: callback())
+            connection.add_termination_listener(lambda *_: callback())
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            connection.terminate()
+            raise translate_database_error(exc, what="LISTEN failed") from exc
+        return Listener(connection)

@@ -10,11 +10,11 @@ import asyncio
 import contextlib
 import logging
 from datetime import datetime
-from typing import Any
 
 from bot.errors import LeaseLost, LLMError, LLMRequestRejected, StoreError
 from bot.model import Job
 from bot.outage import OutageWatch
+from bot.queue.connector import QUEUE_CHANNEL, Listener
 from bot.queue.store import Leased
 from bot.sched.core import DispatcherCore, DispatcherSettings, level_counts, settings_for
 from bot.sched.mlfq import SCHEDULING_POLICIES, SchedulingPolicy
@@ -238,21 +238,13 @@ class Dispatcher(DispatcherCore):
         )
         return finished, released
 
-    async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Any:
-        """LISTEN on the queue channel through a dedicated asyncpg connection, if possible."""
+    async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Listener | None:
+        """LISTEN on the queue channel through the store's connector, given `database_url`."""
         if database_url is None:
             return None
-        import asyncpg
-
-        from bot.db import plain_url
-        from bot.queue.store import QUEUE_CHANNEL
-
         try:
-            connection = await asyncpg.connect(plain_url(database_url), timeout=10)
-            await connection.add_listener(QUEUE_CHANNEL, self._notified)
-            # A server restart closes this connection: wake the loop so it listens again.
-            connection.add_termination_listener(self._notified)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            return await self.store.connector.listen(QUEUE_CHANNEL, self._wake.set)
+        except StoreError as exc:
             if not quiet:
                 log.warning(
                     "LISTEN unavailable, polling every %ss: %s",
@@ -261,10 +253,6 @@ class Dispatcher(DispatcherCore):
                     extra={"action": "listen_failed"},
                 )
             return None
-        return connection
-
-    def _notified(self, *_: object) -> None:
-        self._wake.set()
 
     async def _step(self, loop: asyncio.AbstractEventLoop) -> None:
         """One pass of the loop: maintenance when due, planning, filling free slots."""

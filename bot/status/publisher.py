@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.budget.decide import WriteValue
 from bot.budget.intent import WriteHeld, WriteIntent, writing
 from bot.clock import Clock
-from bot.errors import ForgeError, LeaseLost
+from bot.errors import ForgeError, LeaseLost, StoreError
 from bot.forges.base import ForgePermissionDenied, guarded_writes
 from bot.forges.statuses import (
     StatusUpdate,
@@ -37,7 +37,7 @@ from bot.forges.statuses import (
     gitlab_state_of,
 )
 from bot.model import JobState, Level
-from bot.queue.connector import STATUS_CHANNEL
+from bot.queue.connector import STATUS_CHANNEL, Connector, Listener
 from bot.queue.sql import status as sql
 from bot.sched.mlfq import ServiceEstimator
 from bot.status.calibrate import EtaLearner
@@ -135,6 +135,7 @@ class StatusPublisher:
         settings: StatusSettings | None = None,
     ) -> None:
         self.engine = engine
+        self.connector = Connector(engine)
         self.forges = forges
         self.clock = clock
         self.capacity = capacity
@@ -541,19 +542,13 @@ class StatusPublisher:
 
     async def _listen(
         self, database_url: str | None, wake: asyncio.Event, *, quiet: bool = False
-    ) -> Any:
-        """LISTEN for job state changes on a dedicated asyncpg connection, if possible."""
+    ) -> Listener | None:
+        """LISTEN for job state changes through the connector, given `database_url`."""
         if database_url is None:
             return None
-        import asyncpg
-
-        from bot.db import plain_url
-
         try:
-            connection = await asyncpg.connect(plain_url(database_url), timeout=10)
-            await connection.add_listener(STATUS_CHANNEL, lambda *_: wake.set())
-            connection.add_termination_listener(lambda *_: wake.set())
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            return await self.connector.listen(STATUS_CHANNEL, wake.set)
+        except StoreError as exc:
             if not quiet:
                 log.warning(
                     "LISTEN unavailable, statuses every %ss: %s",
@@ -562,7 +557,6 @@ class StatusPublisher:
                     extra={"action": "status_listen_failed"},
                 )
             return None
-        return connection
 
 
 def write_value(state: str, reason: str) -> WriteValue:
