@@ -1,4 +1,4 @@
-"""The intake web app against a real database: every fixture, limits, redeliveries, outages."""
+"""The intake web app against a real database: every payload, limits, redeliveries, outages."""
 
 from __future__ import annotations
 
@@ -25,11 +25,14 @@ from bot.errors import ConfigError
 from bot.model import JobState, Level
 from bot.queue.store import QueueStore
 from tests.webhook_fixtures import (
-    EXPECTED,
     GITHUB_SECRET,
     GITLAB_TOKEN,
+    PAYLOADS,
+    RECORDED,
     Fixture,
-    load_fixture,
+    load_payload,
+    load_recorded,
+    recorded_params,
     with_comment,
 )
 
@@ -59,10 +62,20 @@ async def delivery_row(store: QueueStore, delivery_id: str) -> Any:
         return (await conn.execute(statement, {"id": delivery_id})).one_or_none()
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-async def test_every_fixture_over_http(client: Client, store: QueueStore, name: str) -> None:
-    kind, _ = EXPECTED[name]
-    fixture = load_fixture(name)
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+async def test_every_payload_over_http(client: Client, store: QueueStore, name: str) -> None:
+    await check_over_http(client, store, load_payload(name), PAYLOADS[name][0])
+
+
+@pytest.mark.parametrize("name", recorded_params())
+async def test_every_recorded_delivery_over_http(
+    client: Client, store: QueueStore, name: str
+) -> None:
+    await check_over_http(client, store, load_recorded(name), RECORDED[name][0])
+
+
+async def check_over_http(client: Client, store: QueueStore, fixture: Fixture, kind: str) -> None:
+    """The delivery is answered and recorded as what its table says it becomes."""
     response = await post(client, fixture, "d-1")
     answer = await response.json()
     row = await delivery_row(store, "d-1")
@@ -79,6 +92,10 @@ async def test_every_fixture_over_http(client: Client, store: QueueStore, name: 
         assert (response.status, answer["status"]) == (200, "ignored")
         assert row.outcome == "skipped"
         assert jobs == []
+    elif kind == "commands":
+        assert (response.status, answer["status"]) == (200, "recorded")
+        assert row.outcome == "command"
+        assert jobs == []
     else:
         assert response.status == 200
         assert answer["status"] == kind
@@ -89,7 +106,7 @@ async def test_every_fixture_over_http(client: Client, store: QueueStore, name: 
 async def test_a_pull_request_is_queued_with_level_and_reasons(
     client: Client, store: QueueStore
 ) -> None:
-    fixture = load_fixture("github/pull_request.opened.json")
+    fixture = load_payload("github/pull_request.opened.json")
     response = await post(client, fixture)
     answer = await response.json()
     assert response.status == 202
@@ -99,8 +116,8 @@ async def test_a_pull_request_is_queued_with_level_and_reasons(
     job = await store.get_job(answer["job_id"])
     assert job is not None
     assert (job.repo, job.number, job.level, job.state) == (
-        "Codertocat/Hello-World",
-        2,
+        "acme/inventory",
+        42,
         Level.P1,
         JobState.QUEUED,
     )
@@ -108,7 +125,7 @@ async def test_a_pull_request_is_queued_with_level_and_reasons(
 
 
 async def test_a_hotfix_pull_request_is_p0(client: Client, store: QueueStore) -> None:
-    fixture = load_fixture("github/pull_request.opened.json")
+    fixture = load_payload("github/pull_request.opened.json")
     payload = fixture.payload
     payload["pull_request"]["base"]["ref"] = "hotfix/1.4.2"
     answer = await (await post(client, fixture.with_payload(payload))).json()
@@ -121,12 +138,12 @@ async def test_a_hotfix_pull_request_is_p0(client: Client, store: QueueStore) ->
 async def test_closing_without_merge_cancels_the_queued_review(
     client: Client, store: QueueStore
 ) -> None:
-    opened = load_fixture("github/pull_request.opened.json")
+    opened = load_payload("github/pull_request.opened.json")
     queued = await (await post(client, opened)).json()
-    closed = load_fixture("github/pull_request.closed.not_merged.json").payload
+    closed = load_payload("github/pull_request.closed.not_merged.json").payload
     closed["repository"]["full_name"] = opened.payload["repository"]["full_name"]
     closed["pull_request"]["number"] = opened.payload["pull_request"]["number"]
-    fixture = load_fixture("github/pull_request.closed.not_merged.json").with_payload(closed)
+    fixture = load_payload("github/pull_request.closed.not_merged.json").with_payload(closed)
     answer = await (await post(client, fixture, "close-1")).json()
     assert answer["status"] == "closed"
     assert answer["cancelled"] == [queued["job_id"]]
@@ -138,18 +155,16 @@ async def test_closing_without_merge_cancels_the_queued_review(
 
 
 async def test_gitlab_merge_request_size_is_pending(client: Client) -> None:
-    answer = await (
-        await post(client, load_fixture("gitlab/merge_request_hook.open.gitlab_com.json"))
-    ).json()
+    answer = await (await post(client, load_payload("gitlab/merge_request.open.json"))).json()
     assert answer["status"] == "queued"
     assert answer["size_pending"] is True
     assert any("size not known yet" in reason for reason in answer["reasons"])
 
 
 async def test_redelivery_creates_nothing_new(client: Client, store: QueueStore) -> None:
-    for name in ("github/pull_request.opened.json", "gitlab/merge_request_hook.merge.json",
-                 "github/ping.json", "github/push.new_branch.json"):  # fmt: skip
-        fixture = load_fixture(name)
+    for name in ("github/pull_request.opened.json", "gitlab/merge_request.merge.json",
+                 "github/ping.json", "github/push.json"):  # fmt: skip
+        fixture = load_payload(name)
         delivery_id = str(uuid.uuid4())
         first = await (await post(client, fixture, delivery_id)).json()
         jobs_before = await count(store, "review_jobs")
@@ -164,9 +179,9 @@ async def test_redelivery_creates_nothing_new(client: Client, store: QueueStore)
 
 
 async def test_a_new_push_supersedes_the_queued_review(client: Client, store: QueueStore) -> None:
-    opened = load_fixture("github/pull_request.opened.json")
+    opened = load_payload("github/pull_request.opened.json")
     first = await (await post(client, opened)).json()
-    pushed = load_fixture("github/pull_request.synchronize.json").payload
+    pushed = load_payload("github/pull_request.synchronize.json").payload
     pushed["pull_request"]["head"]["sha"] = "f" * 40
     second = await (await post(client, opened.with_payload(pushed))).json()
     assert second["status"] == "queued"
@@ -176,9 +191,9 @@ async def test_a_new_push_supersedes_the_queued_review(client: Client, store: Qu
 
 
 async def test_a_label_re_evaluates_the_level(client: Client, store: QueueStore) -> None:
-    opened = load_fixture("github/pull_request.opened.json")
+    opened = load_payload("github/pull_request.opened.json")
     first = await (await post(client, opened)).json()
-    labeled = load_fixture("github/pull_request.labeled.json").payload
+    labeled = load_payload("github/pull_request.labeled.json").payload
     labeled["pull_request"]["labels"].append({"name": "refactor"})
     answer = await (await post(client, opened.with_payload(labeled))).json()
     assert answer["status"] == "duplicate"
@@ -192,7 +207,7 @@ async def test_a_label_re_evaluates_the_level(client: Client, store: QueueStore)
 
 async def test_commands_are_recorded(client: Client, store: QueueStore) -> None:
     fixture = with_comment(
-        load_fixture("github/issue_comment.created.on_pull_request.json"),
+        load_payload("github/issue_comment.created.json"),
         "/review priority p3\n/review status\n/review priority p0",
     )
     response = await post(client, fixture, "c-1")
@@ -204,7 +219,7 @@ async def test_commands_are_recorded(client: Client, store: QueueStore) -> None:
     ]
     row = await delivery_row(store, "c-1")
     assert row.outcome == "command"
-    assert row.detail["repo"] == "runatlantis/atlantis-tests"
+    assert row.detail["repo"] == "acme/inventory"
     assert row.detail["commands"] == answer["commands"]
     assert "P0 cannot be set" in row.detail["errors"][0]
     again = await (await post(client, fixture, "c-1")).json()
@@ -235,7 +250,7 @@ async def test_commands_are_recorded(client: Client, store: QueueStore) -> None:
             "pull_request.base.ref",
         ),
         (
-            "gitlab/merge_request_hook.open.gitlab_com.json",
+            "gitlab/merge_request.open.json",
             lambda p: p["object_attributes"]["last_commit"].update(id="not-a-sha"),
             "object_attributes.last_commit.id",
         ),
@@ -253,7 +268,7 @@ async def test_misshapen_fields_are_400_naming_the_field_and_store_nothing(
     edit: Callable[[dict[str, Any]], None],
     field: str,
 ) -> None:
-    fixture = load_fixture(forge_fixture)
+    fixture = load_payload(forge_fixture)
     payload = fixture.payload
     edit(payload)
     response = await post(client, fixture.with_payload(payload), "shape-1")
@@ -287,7 +302,7 @@ def _signed(body: bytes, event: str = "pull_request", **extra: str) -> dict[str,
 async def test_bad_github_signatures_are_401_and_store_nothing(
     client: Client, store: QueueStore, headers: dict[str, str]
 ) -> None:
-    body = load_fixture("github/pull_request.opened.json").body
+    body = load_payload("github/pull_request.opened.json").body
     response = await client.post("/webhooks/github", data=body, headers=_signed(body) | headers)
     assert response.status == 401
     assert (await response.json())["status"] == "rejected"
@@ -296,7 +311,7 @@ async def test_bad_github_signatures_are_401_and_store_nothing(
 
 
 async def test_missing_github_signature_is_401(client: Client, store: QueueStore) -> None:
-    body = load_fixture("github/pull_request.opened.json").body
+    body = load_payload("github/pull_request.opened.json").body
     headers = _signed(body)
     del headers["X-Hub-Signature-256"]
     response = await client.post("/webhooks/github", data=body, headers=headers)
@@ -310,7 +325,7 @@ async def test_missing_github_signature_is_401(client: Client, store: QueueStore
 async def test_bad_gitlab_tokens_are_401(
     client: Client, store: QueueStore, token: str | None
 ) -> None:
-    fixture = load_fixture("gitlab/merge_request_hook.open.docs.json")
+    fixture = load_payload("gitlab/merge_request.open.json")
     headers = fixture.headers()
     if token is None:
         del headers["X-Gitlab-Token"]
@@ -364,7 +379,7 @@ async def test_chunked_body_over_the_limit_is_413(
 
 
 async def test_ping_is_pong(client: Client) -> None:
-    response = await post(client, load_fixture("github/ping.json"))
+    response = await post(client, load_payload("github/ping.json"))
     assert response.status == 200
     assert (await response.json())["status"] == "pong"
 
@@ -378,7 +393,7 @@ async def test_unknown_events_are_2xx_and_recorded(client: Client, store: QueueS
     assert answer["status"] == "ignored"
     row = await delivery_row(store, headers["X-GitHub-Delivery"])
     assert row.outcome == "ignored"
-    headers = load_fixture("gitlab/push_hook.docs.json").headers()
+    headers = load_payload("gitlab/push.json").headers()
     headers["X-Gitlab-Event"] = "Emoji Hook"
     response = await client.post(
         "/webhooks/gitlab", data=b'{"object_kind": "emoji"}', headers=headers
@@ -406,9 +421,9 @@ async def test_database_outage_is_503(aiohttp_client: ClientMaker, dead_store: Q
     for name in (
         "github/pull_request.opened.json",
         "github/ping.json",
-        "github/push.new_branch.json",
+        "github/push.json",
     ):
-        response = await post(client, load_fixture(name))
+        response = await post(client, load_payload(name))
         assert response.status == 503, name
         assert response.headers["Retry-After"]
     health = await client.get("/healthz")
@@ -433,7 +448,7 @@ async def test_insecure_dev_accepts_unsigned_and_warns(
         app = create_app(Settings(insecure_dev=True), store=store)
     assert any("INSECURE" in record.getMessage() for record in caplog.records)
     client = await aiohttp_client(app)
-    body = load_fixture("github/ping.json").body
+    body = load_payload("github/ping.json").body
     headers = {"Content-Type": "application/json", "X-GitHub-Event": "ping",
                "X-GitHub-Delivery": "dev-1"}  # fmt: skip
     response = await client.post("/webhooks/github", data=body, headers=headers)
@@ -446,7 +461,7 @@ async def test_one_forge_configured_refuses_the_other(
     client = await aiohttp_client(
         create_app(Settings(github_webhook_secret=GITHUB_SECRET), store=store)
     )
-    fixture = load_fixture("gitlab/merge_request_hook.open.docs.json")
+    fixture = load_payload("gitlab/merge_request.open.json")
     response = await client.post("/webhooks/gitlab", data=fixture.body, headers=fixture.headers())
     assert response.status == 401
     assert "GITLAB_WEBHOOK_TOKEN" in (await response.json())["reason"]
@@ -499,7 +514,7 @@ def _hostile_pull_request(base: dict[str, Any]) -> st.SearchStrategy[dict[str, A
 async def test_hostile_bodies_and_headers_never_get_a_5xx(
     client: Client, data: st.DataObject
 ) -> None:
-    base = load_fixture("github/pull_request.opened.json").payload
+    base = load_payload("github/pull_request.opened.json").payload
     forge = data.draw(st.sampled_from(["github", "gitlab"]))
     body = data.draw(
         st.one_of(
@@ -560,7 +575,7 @@ async def test_hostile_bodies_and_headers_never_get_a_5xx(
 async def test_strings_the_database_cannot_hold_do_not_cause_5xx(
     client: Client, store: QueueStore, edit: Callable[[dict[str, Any]], None], status: int
 ) -> None:
-    fixture = load_fixture("github/pull_request.opened.json")
+    fixture = load_payload("github/pull_request.opened.json")
     payload = fixture.payload
     edit(payload)
     # json.dumps escapes NUL and lone surrogates as \u0000 / \ud800, exactly as a forge could.

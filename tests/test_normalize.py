@@ -1,4 +1,4 @@
-"""Normalization: every recorded delivery, payload variations, missing fields."""
+"""Normalization: every payload (our own and the recorded ones), variations, missing fields."""
 
 from __future__ import annotations
 
@@ -20,12 +20,16 @@ from bot.intake.normalize import (
 from bot.intake.verify import Delivery, verify_github_delivery, verify_gitlab_delivery
 from bot.model import ReviewRequest
 from tests.webhook_fixtures import (
-    EXPECTED,
     GITHUB_SECRET,
     GITLAB_TOKEN,
+    PAYLOADS,
+    RECORDED,
     Fixture,
-    fixture_names,
-    load_fixture,
+    load_payload,
+    load_recorded,
+    payload_names,
+    recorded_names,
+    recorded_params,
     with_comment,
 )
 
@@ -42,21 +46,35 @@ def through_intake(fixture: Fixture) -> Normalized:
 
 
 def vary(name: str, change: Any) -> Normalized:
-    """Normalize a fixture after `change(payload)` edited it in place."""
-    fixture = load_fixture(name)
+    """Normalize one of our payloads after `change(payload)` edited it in place."""
+    fixture = load_payload(name)
     payload = fixture.payload
     change(payload)
     return through_intake(fixture.with_payload(payload))
 
 
-def test_every_fixture_has_an_expectation() -> None:
-    assert fixture_names() == sorted(EXPECTED)
+def test_every_payload_has_an_expectation() -> None:
+    assert payload_names() == sorted(PAYLOADS)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_every_fixture_goes_through_intake(name: str) -> None:
-    kind, action = EXPECTED[name]
-    outcome = through_intake(load_fixture(name))
+def test_every_recorded_delivery_has_an_expectation() -> None:
+    assert recorded_names() == sorted(RECORDED)
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_every_payload_goes_through_intake(name: str) -> None:
+    kind, action = PAYLOADS[name]
+    check_outcome(through_intake(load_payload(name)), kind, action)
+
+
+@pytest.mark.parametrize("name", recorded_params())
+def test_every_recorded_delivery_goes_through_intake(name: str) -> None:
+    kind, action = RECORDED[name]
+    check_outcome(through_intake(load_recorded(name)), kind, action)
+
+
+def check_outcome(outcome: Normalized, kind: str, action: str | None) -> None:
+    """The delivery became what its table says: a request with that action, a pong, ..."""
     if kind == "request":
         assert isinstance(outcome, ReviewRequest), outcome
         assert outcome.action == action
@@ -68,18 +86,21 @@ def test_every_fixture_goes_through_intake(name: str) -> None:
     elif kind == "closed":
         assert isinstance(outcome, Closed), outcome
         assert outcome.repo and outcome.number > 0 and "without merging" in outcome.reason
+    elif kind == "commands":
+        assert isinstance(outcome, Commands), outcome
+        assert outcome.commands and all(c.delivery_id == "delivery-1" for c in outcome.commands)
     else:
         assert isinstance(outcome, Ignored), outcome
         assert outcome.reason
 
 
 def test_github_pull_request_fields_come_from_the_payload() -> None:
-    fixture = load_fixture("github/pull_request.opened.json")
+    fixture = load_payload("github/pull_request.opened.json")
     pull = fixture.payload["pull_request"]
     outcome = through_intake(fixture)
     assert isinstance(outcome, ReviewRequest)
     assert (outcome.forge, outcome.event) == ("github", "pull_request")
-    assert outcome.repo == fixture.payload["repository"]["full_name"] == "Codertocat/Hello-World"
+    assert outcome.repo == fixture.payload["repository"]["full_name"] == "acme/inventory"
     assert outcome.number == pull["number"]
     assert outcome.title == pull["title"]
     assert outcome.author == pull["user"]["login"]
@@ -97,13 +118,13 @@ def test_github_pull_request_fields_come_from_the_payload() -> None:
 
 
 def test_github_merged_pull_request() -> None:
-    outcome = through_intake(load_fixture("github/pull_request.closed.merged.json"))
+    outcome = through_intake(load_payload("github/pull_request.closed.merged.json"))
     assert isinstance(outcome, ReviewRequest)
     assert outcome.merged and outcome.action == "merged"
 
 
 def test_gitlab_merge_request_fields_come_from_the_payload() -> None:
-    fixture = load_fixture("gitlab/merge_request_hook.open.gitlab_com.json")
+    fixture = load_payload("gitlab/merge_request.open.json")
     payload = fixture.payload
     attributes = payload["object_attributes"]
     outcome = through_intake(fixture)
@@ -185,27 +206,42 @@ def test_github_draft_and_labels_variation() -> None:
     assert outcome.base_ref == "hotfix/2.1"
 
 
+COMMENT_BODIES = [
+    ("/review", [("review", None)]),
+    ("Thanks!\n/review priority p3\n/review status", [("priority", "P3"), ("status", None)]),
+]
+RECORDED_COMMENTS = [
+    "github/issue_comment.created.on_pull_request.json",
+    "gitlab/note_hook.merge_request.docs.json",
+    "gitlab/note_hook.merge_request.atlantis.json",
+]
+
+
+@pytest.mark.parametrize(("body", "verbs"), COMMENT_BODIES)
 @pytest.mark.parametrize(
-    ("body", "verbs"),
-    [
-        ("/review", [("review", None)]),
-        ("Thanks!\n/review priority p3\n/review status", [("priority", "P3"), ("status", None)]),
-    ],
-)
-@pytest.mark.parametrize(
-    "name",
-    [
-        "github/issue_comment.created.on_pull_request.json",
-        "gitlab/note_hook.merge_request.docs.json",
-        "gitlab/note_hook.merge_request.atlantis.json",
-    ],
+    "name", ["github/issue_comment.created.json", "gitlab/note.merge_request.json"]
 )
 def test_comments_with_commands(name: str, body: str, verbs: list[tuple[str, str | None]]) -> None:
-    outcome = through_intake(with_comment(load_fixture(name), body))
+    check_commands(load_payload(name), body, verbs)
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "verbs"),
+    recorded_params([(name, *case) for name in RECORDED_COMMENTS for case in COMMENT_BODIES]),
+)
+def test_recorded_comments_with_commands(
+    name: str, body: str, verbs: list[tuple[str, str | None]]
+) -> None:
+    check_commands(load_recorded(name), body, verbs)
+
+
+def check_commands(fixture: Fixture, body: str, verbs: list[tuple[str, str | None]]) -> None:
+    """The comment, its body set to `body`, carries these commands, with the payload's ids."""
+    outcome = through_intake(with_comment(fixture, body))
     assert isinstance(outcome, Commands)
     assert [(c.verb, c.argument) for c in outcome.commands] == verbs
     assert all(c.delivery_id == "delivery-1" for c in outcome.commands)
-    payload = load_fixture(name).payload
+    payload = fixture.payload
     if outcome.forge == "github":
         assert outcome.number == payload["issue"]["number"]
         assert outcome.comment_id == payload["comment"]["id"]
@@ -217,9 +253,7 @@ def test_comments_with_commands(name: str, body: str, verbs: list[tuple[str, str
 
 
 def test_a_bad_command_is_recorded_with_its_error() -> None:
-    fixture = with_comment(
-        load_fixture("github/issue_comment.created.on_pull_request.json"), "/review priority p0"
-    )
+    fixture = with_comment(load_payload("github/issue_comment.created.json"), "/review priority p0")
     outcome = through_intake(fixture)
     assert isinstance(outcome, Commands)
     assert outcome.commands == ()
@@ -238,9 +272,7 @@ def test_a_bad_command_is_recorded_with_its_error() -> None:
     ],
 )
 def test_comments_that_are_never_commands(change: Any) -> None:
-    fixture = with_comment(
-        load_fixture("github/issue_comment.created.on_pull_request.json"), "/review"
-    )
+    fixture = with_comment(load_payload("github/issue_comment.created.json"), "/review")
     payload = fixture.payload
     change(payload)
     assert isinstance(through_intake(fixture.with_payload(payload)), Ignored)
@@ -251,7 +283,7 @@ def test_gitlab_note_on_an_issue_is_ignored() -> None:
         payload["object_attributes"]["noteable_type"] = "Issue"
         payload["object_attributes"]["note"] = "/review"
 
-    assert isinstance(vary("gitlab/note_hook.merge_request.docs.json", change), Ignored)
+    assert isinstance(vary("gitlab/note.merge_request.json", change), Ignored)
 
 
 @pytest.mark.parametrize(
@@ -274,7 +306,7 @@ def test_gitlab_update_kinds(
         if oldrev:
             payload["object_attributes"]["oldrev"] = oldrev
 
-    outcome = vary("gitlab/merge_request_hook.update.edited.json", change)
+    outcome = vary("gitlab/merge_request.update.title.json", change)
     if expected is None:
         assert isinstance(outcome, Ignored)
     else:
@@ -283,7 +315,7 @@ def test_gitlab_update_kinds(
 
 
 def test_gitlab_system_hook_is_routed_by_object_kind() -> None:
-    fixture = load_fixture("gitlab/merge_request_hook.open.docs.json")
+    fixture = load_payload("gitlab/merge_request.open.json")
     outcome = through_intake(Fixture(fixture.name, "gitlab", "System Hook", fixture.body))
     assert isinstance(outcome, ReviewRequest)
 
@@ -293,7 +325,7 @@ def test_gitlab_work_in_progress_is_a_draft() -> None:
         payload["object_attributes"]["draft"] = None
         payload["object_attributes"]["work_in_progress"] = True
 
-    outcome = vary("gitlab/merge_request_hook.open.docs.json", change)
+    outcome = vary("gitlab/merge_request.open.json", change)
     assert isinstance(outcome, ReviewRequest) and outcome.draft
 
 
@@ -317,15 +349,15 @@ REQUIRED = {
         "pull_request.user.login", "pull_request.base.ref", "pull_request.base.sha",
         "pull_request.head.ref", "pull_request.head.sha",
     ],
-    "gitlab/merge_request_hook.open.docs.json": [
+    "gitlab/merge_request.open.json": [
         "object_attributes.action", "project.path_with_namespace", "object_attributes.iid",
         "object_attributes.target_branch", "object_attributes.source_branch",
         "object_attributes.last_commit.id", "user.username",
     ],
-    "gitlab/note_hook.merge_request.docs.json": [
+    "gitlab/note.merge_request.json": [
         "object_attributes.id", "merge_request.iid", "user.username",
     ],
-    "github/issue_comment.created.on_pull_request.json": [
+    "github/issue_comment.created.json": [
         "comment.id", "comment.user.login", "issue.number",
     ],
 }  # fmt: skip
@@ -335,7 +367,7 @@ REQUIRED = {
     ("name", "path"), [(name, path) for name, paths in REQUIRED.items() for path in paths]
 )
 def test_missing_fields_are_400_naming_the_field(name: str, path: str) -> None:
-    fixture = load_fixture(name)
+    fixture = load_payload(name)
     if "comment" in name or "note" in name:
         fixture = with_comment(fixture, "/review")
     payload = fixture.payload
@@ -360,9 +392,9 @@ def test_missing_fields_are_400_naming_the_field(name: str, path: str) -> None:
     ],
 )
 def test_wrongly_typed_fields_are_400(path: str, value: Any, fragment: str) -> None:
-    payload = copy.deepcopy(load_fixture("github/pull_request.opened.json").payload)
+    payload = copy.deepcopy(load_payload("github/pull_request.opened.json").payload)
     _set(payload, path, value)
     with pytest.raises(WebhookError) as caught:
-        through_intake(load_fixture("github/pull_request.opened.json").with_payload(payload))
+        through_intake(load_payload("github/pull_request.opened.json").with_payload(payload))
     assert caught.value.status == 400
     assert fragment in str(caught.value)

@@ -1,4 +1,5 @@
-"""The recorded webhook payloads in ../shared/fixtures, what each should become, and signing."""
+"""Webhook payloads: the project's own (tests/data/webhooks) and the recorded ones in
+../shared/fixtures, what each should become, and signing."""
 
 from __future__ import annotations
 
@@ -6,20 +7,43 @@ import hashlib
 import hmac
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import shared_dir
+import pytest
 
+from tests.conftest import SHARED_DIR, shared_dir
+
+PAYLOADS_DIR = Path(__file__).resolve().parent / "data" / "webhooks"
 GITHUB_SECRET = "fixture-secret"
 GITLAB_TOKEN = "fixture-token"
-COMMENT_PLACEHOLDER = "###comment body###"
 
-# What each recorded delivery becomes: "request" (a review request with that action),
-# "commands", "closed" (closed without merging: cancels its queued review), "ignored" or
-# "pong". Every file in the directory must be listed here.
-EXPECTED: dict[str, tuple[str, str | None]] = {
+# What each delivery becomes: "request" (a review request with that action), "commands",
+# "closed" (closed without merging: cancels its queued review), "ignored" or "pong". Every file
+# in the directory must be listed in its table.
+PAYLOADS: dict[str, tuple[str, str | None]] = {
+    "github/pull_request.opened.json": ("request", "opened"),
+    "github/pull_request.synchronize.json": ("request", "synchronize"),
+    "github/pull_request.labeled.json": ("request", "labeled"),
+    "github/pull_request.closed.merged.json": ("request", "merged"),
+    "github/pull_request.closed.not_merged.json": ("closed", None),
+    "github/issue_comment.created.json": ("ignored", None),  # a question, no command
+    "github/issue_comment.created.on_issue.json": ("ignored", None),  # "/review" on an issue
+    "github/check_run.rerequested.json": ("commands", None),
+    "github/ping.json": ("pong", None),
+    "github/push.json": ("ignored", None),
+    "gitlab/merge_request.open.json": ("request", "opened"),
+    "gitlab/merge_request.update.json": ("request", "synchronize"),
+    "gitlab/merge_request.update.title.json": ("ignored", None),
+    "gitlab/merge_request.merge.json": ("request", "merged"),
+    "gitlab/merge_request.close.json": ("closed", None),
+    "gitlab/note.merge_request.json": ("ignored", None),  # a question, no command
+    "gitlab/push.json": ("ignored", None),
+}
+# The deliveries GitHub and GitLab recorded (../shared/fixtures/README.md).
+RECORDED: dict[str, tuple[str, str | None]] = {
     "github/pull_request.opened.json": ("request", "opened"),
     "github/pull_request.opened.null_body.json": ("request", "opened"),
     "github/pull_request.synchronize.json": ("request", "synchronize"),
@@ -98,10 +122,34 @@ def fixtures_dir() -> Path:
     return shared_dir() / "fixtures"
 
 
-def load_fixture(name: str) -> Fixture:
-    """Read a fixture and give it the event header its forge sends with it."""
-    path = fixtures_dir() / name
-    body = path.read_bytes()
+def load_payload(name: str) -> Fixture:
+    """One of the project's own payloads, with the event header its forge sends with it."""
+    return _fixture(name, (PAYLOADS_DIR / name).read_bytes())
+
+
+def payload_names() -> list[str]:
+    """Every payload file in tests/data/webhooks."""
+    return sorted(str(path.relative_to(PAYLOADS_DIR)) for path in PAYLOADS_DIR.glob("*/*.json"))
+
+
+def recorded_params(cases: Sequence[Any] = ()) -> list[Any]:
+    """Cases over recorded deliveries (by default every one) to parametrize a test with; one
+    skipped case in their place when ../shared is absent."""
+    cases = list(cases) or sorted(RECORDED)
+    if (SHARED_DIR / "fixtures").is_dir():
+        return cases
+    reason = f"{SHARED_DIR / 'fixtures'} is absent: no recorded deliveries to replay"
+    first = cases[0] if isinstance(cases[0], tuple) else (cases[0],)
+    return [pytest.param(*first, marks=pytest.mark.skip(reason=reason), id="recorded")]
+
+
+def load_recorded(name: str) -> Fixture:
+    """A recorded delivery from ../shared/fixtures (skips the test when it is absent)."""
+    return _fixture(name, (fixtures_dir() / name).read_bytes())
+
+
+def _fixture(name: str, body: bytes) -> Fixture:
+    """Give a delivery the event header its forge sends with it."""
     forge, file_name = name.split("/", 1)
     if forge == "github":
         event = file_name.split(".", 1)[0]
@@ -112,7 +160,7 @@ def load_fixture(name: str) -> Fixture:
     return Fixture(name=name, forge=forge, event=event, body=body)
 
 
-def fixture_names() -> list[str]:
+def recorded_names() -> list[str]:
     """Every fixture file present in ../shared/fixtures."""
     root = fixtures_dir()
     return sorted(str(path.relative_to(root)) for path in root.glob("*/*.json"))
@@ -122,7 +170,7 @@ def with_comment(fixture: Fixture, text: str) -> Fixture:
     """The comment fixture with its body (or note) set to `text`."""
     payload = fixture.payload
     if fixture.forge == "github":
-        assert payload["comment"]["body"] == COMMENT_PLACEHOLDER
+        assert isinstance(payload["comment"]["body"], str)
         payload["comment"]["body"] = text
     else:
         payload["object_attributes"]["note"] = text
