@@ -6,9 +6,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -54,20 +56,35 @@ def create_engine(
         "application_name": application_name,
         **(timeouts or SessionTimeouts()).server_settings(),
     }
-    return create_async_engine(
+    engine = create_async_engine(
         async_url(url),
         connect_args={"server_settings": server_settings},
         pool_size=pool_size,
         max_overflow=pool_size,
-        # After a server restart every pooled connection is dead; without a ping on checkout
-        # each one would fail one operation ("connection is closed") before being replaced.
-        pool_pre_ping=True,
+        # No pre-ping: the driver pings inside a transaction, three round trips (BEGIN, ping,
+        # ROLLBACK) on every checkout where a dequeue needs one. Connections the server
+        # closed are replaced on checkout instead, at no round trip (_replace_closed).
+        pool_pre_ping=False,
         pool_recycle=1800,
         # Transactions always end in commit or rollback (engine.begin()), and single
         # statements run in autocommit, so the pool's rollback on check-in would only add
         # a round trip to every operation.
         pool_reset_on_return=None,
     )
+    event.listen(engine.sync_engine.pool, "checkout", _replace_closed)
+    return engine
+
+
+def _replace_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """Hand out no pooled connection the server has closed, at no round trip.
+
+    A restart (or pg_terminate_backend) ends every session with an error and closes its
+    socket; the driver sees the close as it happens, so a dead pooled connection is known
+    before it is used. Without this each one would fail one operation ("connection is
+    closed") before being replaced. The pool replaces a connection refused here.
+    """
+    if dbapi_connection.driver_connection.is_closed():
+        raise sa_exc.DisconnectionError("pooled connection closed by the server")
 
 
 # SQLSTATEs that say the server is going away or not there yet, not that the query is wrong:

@@ -118,7 +118,7 @@ async def test_pooled_connections_killed_by_a_restart_are_replaced_unseen(
     # Fill the pool with live connections, then end them all as a restart would.
     await asyncio.gather(*(store.ping() for _ in range(4)))
     assert await _terminate_backends(pg_server, str(store.engine.url)) >= 1
-    # Pre-ping on checkout: the next operations get fresh connections, not "connection is closed".
+    # Checked on checkout: the next operations get fresh connections, not "connection is closed".
     for _ in range(4):
         await store.ping()
     assert await store.list_jobs() == []
