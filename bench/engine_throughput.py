@@ -47,7 +47,14 @@ from aiohttp import web  # noqa: E402
 
 from bot.app import create_app  # noqa: E402
 from bot.clock import SystemClock  # noqa: E402
-from bot.config import SchedulerSettings, Settings, WindowSettings  # noqa: E402
+from bot.config import (  # noqa: E402
+    DatabaseSettings,
+    ForgeSettings,
+    LLMSettings,
+    SchedulerSettings,
+    Settings,
+    WindowSettings,
+)
 from bot.demo import SECRET, TOKEN, demo_files, load_demo_trace, send_request  # noqa: E402
 from bot.emulator import EmulatorState, ForgeEmulator  # noqa: E402
 from bot.engine_setup import served_line_budget  # noqa: E402
@@ -105,16 +112,20 @@ def vllm_server() -> Iterator[str]:
 
 def settings_for(url: str, database_url: str = "") -> Settings:
     return Settings(
-        database_url=database_url or None,
-        github_webhook_secret=SECRET,
-        gitlab_webhook_token=SECRET,
-        github_token=TOKEN,
-        gitlab_token=TOKEN,
-        llm_backend="openai",
-        llm_base_urls=(url,),
-        llm_model=MODEL,
-        llm_response_format="json_schema",
-        llm_max_tokens=ANSWER_TOKENS,
+        database=DatabaseSettings(url=database_url or None),
+        forges=ForgeSettings(
+            github_webhook_secret=SECRET,
+            gitlab_webhook_token=SECRET,
+            github_token=TOKEN,
+            gitlab_token=TOKEN,
+        ),
+        llm=LLMSettings(
+            backend="openai",
+            base_urls=(url,),
+            model=MODEL,
+            response_format="json_schema",
+            max_tokens=ANSWER_TOKENS,
+        ),
     )
 
 
@@ -265,17 +276,15 @@ async def drain_through_bot(
     async with fresh_database(DATABASE_URL) as database_url:
         settings = settings_for(url, database_url).with_changes(
             window=window,
-            scheduler=dataclasses.replace(
-                SchedulerSettings(), lease_s=900.0, heartbeat_s=5.0, poll_s=0.5
-            ),
+            scheduler=SchedulerSettings(lease_s=900.0, heartbeat_s=5.0, poll_s=0.5),
         )
         store = open_store(settings, pool_size=20)
-        policies = load_policy_book(settings.policy_dir)
+        policies = load_policy_book(settings.review.policy_dir)
         backend = backend_for(url)
         clock = SystemClock()
         async with ForgeEmulator(EmulatorState()) as emulator:
             settings = settings.with_changes(
-                github_api_url=emulator.github_url, gitlab_url=emulator.gitlab_url
+                forges={"github_api_url": emulator.github_url, "gitlab_url": emulator.gitlab_url}
             )
             # The emulator posts at once: GitHub's one content POST a second would measure
             # the forge's pace, not the engine's.

@@ -131,14 +131,12 @@ async def run_forge(url: str, forge: Forge, *, requests: int, speed: float, seed
     state.register_app(APP_ID, public)
     settings = demo_settings(url, speed=speed)
     settings = settings.with_changes(
+        forges={"github_token": None, "github_app_id": APP_ID, "github_private_key": private},
         # Enough slots that the engines are not what binds: the forge's budget is measured.
-        scheduler=replace(settings.scheduler, workers=48),
-        github_token=None,
-        github_app_id=APP_ID,
-        github_private_key=private,
+        scheduler={"workers": 48},
     )
     store = open_store(settings, pool_size=30)
-    policies = load_policy_book(settings.policy_dir)
+    policies = load_policy_book(settings.review.policy_dir)
     backend = SimulatedBackend(sleep=asyncio.sleep, time_scale=1.0 / speed)
     # The forge times a write when it arrives, a little after the budget let it go: at this
     # speed a wall millisecond is `speed` milliseconds of trace time, so the margin past a
@@ -160,7 +158,7 @@ async def run_forge(url: str, forge: Forge, *, requests: int, speed: float, seed
     started = time.monotonic()
     async with ForgeEmulator(state) as emulator:
         settings = settings.with_changes(
-            github_api_url=emulator.github_url, gitlab_url=emulator.gitlab_url
+            forges={"github_api_url": emulator.github_url, "gitlab_url": emulator.gitlab_url}
         )
         forges = build_forges(
             settings,

@@ -133,9 +133,12 @@ def bare_app() -> web.Application:
 
 def real_app(database_url: str) -> web.Application:
     from bot.app import create_app
-    from bot.config import Settings
+    from bot.config import DatabaseSettings, ForgeSettings, Settings
 
-    settings = Settings(database_url=database_url, github_webhook_secret=SECRET)
+    settings = Settings(
+        database=DatabaseSettings(url=database_url),
+        forges=ForgeSettings(github_webhook_secret=SECRET),
+    )
     return create_app(settings)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bot.clock import VirtualClock
-from bot.config import DEFAULT_POLICY_DIR, Settings
+from bot.config import DEFAULT_POLICY_DIR, ForgeSettings, ReviewSettings, Settings
 from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.quiet import open_pull_from_trees, push_tree
 from bot.forges.base import RetryPolicy
@@ -173,11 +173,13 @@ async def run_mode(database_url: str, week: list[Scenario], *, quiet: bool) -> C
     started = time.perf_counter()
     async with ForgeEmulator(state) as emulator:
         settings = Settings(
-            github_api_url=emulator.github_url,
-            github_token=TOKEN,
-            gitlab_url=emulator.gitlab_url,
-            gitlab_token=TOKEN,
-            quiet_reviews=quiet,
+            forges=ForgeSettings(
+                github_api_url=emulator.github_url,
+                github_token=TOKEN,
+                gitlab_url=emulator.gitlab_url,
+                gitlab_token=TOKEN,
+            ),
+            review=ReviewSettings(quiet=quiet),
         )
         options = ForgeOptions(retry=RetryPolicy(attempts=2), post_interval_s=0.0)
         async with build_forges(

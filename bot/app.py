@@ -74,13 +74,15 @@ def create_app(
 ) -> web.Application:
     """Build the web application; raises ConfigError (missing secrets) or PolicyError."""
     check_webhook_secrets(settings)
-    book = policies if policies is not None else load_policy_book(settings.policy_dir)
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    book = policies if policies is not None else load_policy_book(settings.review.policy_dir)
+    app = web.Application(
+        client_max_size=settings.web.max_body_bytes, middlewares=[error_middleware]
+    )
     if store is None:
-        if not settings.database_url:
+        if not settings.database.url:
             raise ConfigError("DATABASE_URL is not set")
         store = QueueStore.from_url(
-            settings.database_url,
+            settings.database.url,
             settings=queue_settings(settings),
         )
         app.on_cleanup.append(_closer(store))
@@ -95,18 +97,18 @@ def create_app(
             store=store,
             policies=book,
             clock=used_clock,
-            github_secret=settings.github_webhook_secret,
-            gitlab_token=settings.gitlab_webhook_token,
-            insecure_dev=settings.insecure_dev,
-            bot_login=settings.bot_login,
-            max_body_bytes=settings.max_body_bytes,
+            github_secret=settings.forges.github_webhook_secret,
+            gitlab_token=settings.forges.gitlab_webhook_token,
+            insecure_dev=settings.web.insecure_dev,
+            bot_login=settings.forges.bot_login,
+            max_body_bytes=settings.web.max_body_bytes,
             dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
         ),
     )
     on_main_port, metrics_token = metrics_exposure(
-        admin_token=settings.admin_token,
-        require_token=settings.metrics_require_token,
-        port=settings.metrics_port,
+        admin_token=settings.web.admin_token,
+        require_token=settings.web.metrics_require_token,
+        port=settings.web.metrics_port,
     )
     metrics = setup_metrics(
         app,
@@ -119,12 +121,12 @@ def create_app(
     )
     setup_admin(
         app,
-        admin_token=settings.admin_token,
+        admin_token=settings.web.admin_token,
         engine=store.engine,
         clock=used_clock,
         thresholds=settings.alerts.threshold_s,
         dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
-        trust_forwarded_proto=settings.trust_forwarded_proto,
+        trust_forwarded_proto=settings.web.trust_forwarded_proto,
         standings=next_up_reader(store.engine, slots=settings.scheduler.workers),
     )
     setup_alerts(
@@ -169,9 +171,9 @@ def create_worker_app(
     app[CLOCK_KEY] = clock
     used = settings if settings is not None else Settings()
     on_main_port, metrics_token = metrics_exposure(
-        admin_token=used.admin_token,
-        require_token=used.metrics_require_token,
-        port=used.metrics_port,
+        admin_token=used.web.admin_token,
+        require_token=used.web.metrics_require_token,
+        port=used.web.metrics_port,
     )
     setup_metrics(
         app,
@@ -209,14 +211,14 @@ def check_webhook_secrets(settings: Settings) -> None:
     missing = [
         name
         for name, value in (
-            ("GITHUB_WEBHOOK_SECRET", settings.github_webhook_secret),
-            ("GITLAB_WEBHOOK_TOKEN", settings.gitlab_webhook_token),
+            ("GITHUB_WEBHOOK_SECRET", settings.forges.github_webhook_secret),
+            ("GITLAB_WEBHOOK_TOKEN", settings.forges.gitlab_webhook_token),
         )
         if not value
     ]
     if not missing:
         return
-    if settings.insecure_dev:
+    if settings.web.insecure_dev:
         log.warning(
             "INSECURE DEVELOPMENT MODE: %s unset, unsigned webhooks are ACCEPTED; never run "
             "this way where the network is not yours",

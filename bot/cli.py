@@ -29,11 +29,11 @@ def configure_logging(level: str) -> None:
 
 
 def _require_database(settings: Settings) -> str:
-    if not settings.database_url:
+    if not settings.database.url:
         raise ConfigError(
             "DATABASE_URL is not set (e.g. postgresql://user@127.0.0.1:5432/reviewbot)"
         )
-    return settings.database_url
+    return settings.database.url
 
 
 def _command_db(args: argparse.Namespace, settings: Settings) -> int:
@@ -59,7 +59,7 @@ def _command_check(args: argparse.Namespace, settings: Settings) -> int:
     limits = GuaranteeLimits(
         lease_s=settings.scheduler.lease_s,
         heartbeat_s=settings.scheduler.heartbeat_s,
-        max_chunk_attempts=settings.scheduler.max_attempts,
+        max_chunk_attempts=settings.queue.max_attempts,
     )
 
     async def run() -> Any:
@@ -108,13 +108,11 @@ def _command_queue(args: argparse.Namespace, settings: Settings) -> int:
 def _command_serve(args: argparse.Namespace, settings: Settings) -> int:
     from bot.serve import serve
 
-    settings = settings.with_changes(insecure_dev=settings.insecure_dev or args.insecure_dev)
+    settings = settings.with_changes(
+        web={"insecure_dev": settings.web.insecure_dev or args.insecure_dev}
+    )
     if args.workers is not None:
-        from dataclasses import replace
-
-        settings = settings.with_changes(
-            scheduler=replace(settings.scheduler, workers=args.workers)
-        )
+        settings = settings.with_changes(scheduler={"workers": args.workers})
     from bot.runtime import run
 
     run(
@@ -126,6 +124,17 @@ def _command_serve(args: argparse.Namespace, settings: Settings) -> int:
             migrate=not args.no_migrate,
         )
     )
+    return 0
+
+
+def _command_settings(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.config import effective_values, markdown_table
+
+    if args.markdown:
+        sys.stdout.write(markdown_table())
+    else:
+        for name, value in effective_values(settings):
+            print(f"{name}={value}")
     return 0
 
 
@@ -144,8 +153,8 @@ def _command_emulator(args: argparse.Namespace, settings: Settings) -> int:
     if args.bot_url:
         hooks = HookTarget(
             args.bot_url,
-            github_secret=settings.github_webhook_secret or "",
-            gitlab_token=settings.gitlab_webhook_token or "",
+            github_secret=settings.forges.github_webhook_secret or "",
+            gitlab_token=settings.forges.gitlab_webhook_token or "",
         )
     try:
         run_emulator(host=args.host, port=args.port, prs_file=args.prs, hooks=hooks)
@@ -277,6 +286,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $REVIEW_BOT_INSECURE_DEV, else off)",
     )
     serve.set_defaults(handler=_command_serve)
+
+    settings_command = commands.add_parser(
+        "settings",
+        help="print the configuration the environment gives (exit 2 when it is invalid)",
+        description="Print every setting as NAME=value (secrets as (set)), after checking the "
+        "whole configuration; --markdown prints the README's table of variables instead.",
+    )
+    settings_command.add_argument(
+        "--markdown", action="store_true", help="the README's configuration table"
+    )
+    settings_command.set_defaults(handler=_command_settings)
 
     queue = commands.add_parser("queue", help="inspect the queue")
     queue_commands = queue.add_subparsers(dest="queue_command", required=True)

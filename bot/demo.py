@@ -30,7 +30,14 @@ from aiohttp import web
 from bot import devdb
 from bot.app import create_app
 from bot.clock import EPOCH
-from bot.config import REPO_ROOT, SchedulerSettings, Settings
+from bot.config import (
+    REPO_ROOT,
+    DatabaseSettings,
+    ForgeSettings,
+    SchedulerSettings,
+    Settings,
+    StatusKnobs,
+)
 from bot.db import upgrade_database
 from bot.emulator import (
     EmulatorState,
@@ -252,17 +259,17 @@ def vllm_backend() -> tuple[LLMBackend, str]:
 def demo_settings(url: str, *, speed: float) -> Settings:
     """Embedded defaults with the emulator's secrets, timed for a replay at `speed`."""
     return Settings(
-        database_url=url,
-        github_webhook_secret=SECRET,
-        gitlab_webhook_token=SECRET,
-        github_token=TOKEN,
-        gitlab_token=TOKEN,
-        scheduler=replace(
-            SchedulerSettings(), workers=8, lease_s=900.0, heartbeat_s=2.0, poll_s=0.5
+        database=DatabaseSettings(url=url),
+        forges=ForgeSettings(
+            github_webhook_secret=SECRET,
+            gitlab_webhook_token=SECRET,
+            github_token=TOKEN,
+            gitlab_token=TOKEN,
         ),
+        scheduler=SchedulerSettings(workers=8, lease_s=900.0, heartbeat_s=2.0, poll_s=0.5),
         # The publisher looks at the queue every quarter second of wall time (at 60x, every
         # 15 s of trace time); its rules count in trace time.
-        status_interval_s=0.25,
+        status=StatusKnobs(interval_s=0.25),
     )
 
 
@@ -293,13 +300,13 @@ async def run_bot_demo(
     emulator_state = EmulatorState()
     settings = demo_settings(url, speed=speed)
     store = open_store(settings, pool_size=20)
-    policies = load_policy_book(settings.policy_dir)
+    policies = load_policy_book(settings.review.policy_dir)
     backend: LLMBackend
     if llm == "vllm-cpu":
         backend, llm_url = vllm_backend()
         # One engine with an adaptive window, chunks cut to the served model's context.
         settings = settings.with_changes(
-            llm_backend="openai", llm_base_urls=(llm_url,), llm_model="smollm2"
+            llm={"backend": "openai", "base_urls": (llm_url,), "model": "smollm2"}
         )
         say(f"LLM: real vLLM on the CPU at {llm_url} (SmolLM2-135M: a tiny model, poor reviews)")
     else:
@@ -308,7 +315,7 @@ async def run_bot_demo(
     started = time.monotonic()
     async with ForgeEmulator(emulator_state) as emulator:
         settings = settings.with_changes(
-            github_api_url=emulator.github_url, gitlab_url=emulator.gitlab_url
+            forges={"github_api_url": emulator.github_url, "gitlab_url": emulator.gitlab_url}
         )
 
         async def trace_sleep(seconds: float) -> None:
@@ -323,7 +330,7 @@ async def run_bot_demo(
         )
         # The dispatcher beats every heartbeat_s of wall time, which is `speed` times as many
         # seconds on the scaled clock the web process judges liveness by.
-        scheduler = replace(settings.scheduler, heartbeat_s=settings.scheduler.heartbeat_s * speed)
+        scheduler = {"heartbeat_s": settings.scheduler.heartbeat_s * speed}
         app = create_app(
             settings.with_changes(scheduler=scheduler), store=store, policies=policies, clock=clock
         )

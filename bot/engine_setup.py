@@ -37,9 +37,9 @@ IN_PROCESS_ENGINE = "in-process"
 
 def engine_names(settings: Settings) -> tuple[str, ...]:
     """The engines of the configured backend; empty for the simulated one (plain slots)."""
-    backend = (settings.llm_backend or "simulated").strip().lower()
+    backend = (settings.llm.backend or "simulated").strip().lower()
     if backend == "openai":
-        return tuple(dict.fromkeys(normalize_base_url(url) for url in settings.llm_base_urls))
+        return tuple(dict.fromkeys(normalize_base_url(url) for url in settings.llm.base_urls))
     if backend == "vllm":
         return (IN_PROCESS_ENGINE,)
     return ()
@@ -64,7 +64,7 @@ def engine_pool_for(
     names = engine_names(settings)
     if not names:
         return None
-    probe = metrics_probe(backend, metrics_url=settings.llm_metrics_url)
+    probe = metrics_probe(backend, metrics_url=settings.llm.metrics_url)
     return EnginePool.build(names, settings.window, now=now, probe=probe, metrics=metrics)
 
 
@@ -92,28 +92,28 @@ async def served_budget(
 
     Raises ValueError when the context cannot hold a useful chunk (a configuration error).
     """
-    configured = ServedBudget(ceiling, settings.context_tokens)
-    if (settings.llm_backend or "").strip().lower() != "openai" or not settings.llm_base_urls:
+    configured = ServedBudget(ceiling, settings.review.context_tokens)
+    if (settings.llm.backend or "").strip().lower() != "openai" or not settings.llm.base_urls:
         return configured
     async with aiohttp.ClientSession() as session:
-        for url in settings.llm_base_urls:
+        for url in settings.llm.base_urls:
             info = await fetch_model_info(
-                session, normalize_base_url(url), settings.llm_model, api_key=settings.llm_api_key
+                session, normalize_base_url(url), settings.llm.model, api_key=settings.llm.api_key
             )
             if info is None or info.max_model_len is None:
                 continue
             fixed = fixed_prompt_tokens()
-            context = settings.context_tokens
+            context = settings.review.context_tokens
             if fit_context:
                 context = context_allowance(
                     info.max_model_len,
-                    max_tokens=settings.llm_max_tokens,
+                    max_tokens=settings.llm.max_tokens,
                     fixed_prompt_tokens=fixed,
                     configured=context,
                 )
             budget = chunk_line_budget(
                 info.max_model_len,
-                max_tokens=settings.llm_max_tokens,
+                max_tokens=settings.llm.max_tokens,
                 # The title, description and code context take at most their allowance.
                 fixed_prompt_tokens=fixed + context,
                 ceiling=ceiling,

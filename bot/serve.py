@@ -52,22 +52,22 @@ def status_publisher(
         capacity=Capacity(slots=dispatcher.total_slots, mlfq=dispatcher.settings.mlfq),
         estimator=lambda: dispatcher.estimator,
         settings=StatusSettings(
-            neutral_at=settings.status_neutral_at,
-            interval_s=settings.status_interval_s,
-            rules=PublishRules(updates_per_hour=settings.status_updates_per_hour),
+            neutral_at=settings.status.neutral_at,
+            interval_s=settings.status.interval_s,
+            rules=PublishRules(updates_per_hour=settings.status.updates_per_hour),
             # Held across passes: a publisher that stops passing (dead, paused) is taken over
             # after a lease, and its writes are fenced from then on.
-            lease_s=max(settings.scheduler.lease_s, 3 * settings.status_interval_s),
+            lease_s=max(settings.scheduler.lease_s, 3 * settings.status.interval_s),
         ),
     )
 
 
 def open_store(settings: Settings, *, pool_size: int | None = None) -> QueueStore:
     """The queue store as `bot serve` opens it."""
-    if not settings.database_url:
+    if not settings.database.url:
         raise ConfigError("DATABASE_URL is not set")
     return QueueStore.from_url(
-        settings.database_url,
+        settings.database.url,
         pool_size=pool_size or max(10, settings.scheduler.workers + 4),
         settings=queue_settings(settings),
         timeouts=session_timeouts(settings),
@@ -108,14 +108,16 @@ def start_dispatcher(
         planning=PlanningSettings(
             lease_s=lease_s,
             line_budget=line_budget,
-            context_tokens=settings.context_tokens if context_tokens is None else context_tokens,
+            context_tokens=settings.review.context_tokens
+            if context_tokens is None
+            else context_tokens,
         ),
         posting=PostingSettings(lease_s=lease_s),
         metrics=metrics,
         quiet=quiet_posting(settings, store),
         # One window of chunks per LLM server (plain slots for the simulated backend).
         engines=engine_pool_for(settings, backend, now=clock.now(), metrics=metrics),
-        answer_tokens=settings.llm_max_tokens,
+        answer_tokens=settings.llm.max_tokens,
     )
     dispatcher = pipeline.dispatcher
     heartbeat_s = settings.scheduler.heartbeat_s
@@ -125,7 +127,7 @@ def start_dispatcher(
 
     async def dispatch() -> None:
         try:
-            await dispatcher.run(database_url=settings.database_url)
+            await dispatcher.run(database_url=settings.database.url)
         finally:
             drained.set()
             await release_claims(pipeline.reviews)
@@ -136,18 +138,21 @@ def start_dispatcher(
         # expired claims as often as the heartbeat renews live ones.
         asyncio.create_task(
             pipeline.reviews.run_recovery(
-                clock, interval_s=heartbeat_s, stop=stop, outage_backoff_s=settings.outage_backoff_s
+                clock,
+                interval_s=heartbeat_s,
+                stop=stop,
+                outage_backoff_s=settings.database.outage_backoff_s,
             )
         ),
         asyncio.create_task(
             pipeline.reviews.run_heartbeat(clock, interval_s=heartbeat_s, stop=drained)
         ),
     ]
-    if settings.status_enabled and forges:
+    if settings.status.enabled and forges:
         tasks.append(
             asyncio.create_task(
                 status_publisher(settings, store, forges, dispatcher).run(
-                    stop, database_url=settings.database_url
+                    stop, database_url=settings.database.url
                 )
             )
         )
@@ -183,7 +188,7 @@ def _chosen_backend(settings: Settings) -> str:
     """The LLM backend a dispatcher reviews with; raises ConfigError when real forges are
     configured and REVIEW_BOT_LLM is not."""
     forges = configured_forges(settings)
-    chosen = check_backend_choice(settings.llm_backend, forges=forges)
+    chosen = check_backend_choice(settings.llm.backend, forges=forges)
     if chosen == "simulated" and forges:
         log.warning(
             "REVIEW_BOT_LLM=simulated: reviews posted on %s are the simulated backend's "
@@ -213,17 +218,17 @@ async def serve(
     settings: Settings, *, role: Role, host: str, port: int, migrate: bool = True
 ) -> None:
     """Run until SIGTERM/SIGINT; on the way out, stop taking work and hand back what is held."""
-    if not settings.database_url:
+    if not settings.database.url:
         raise ConfigError("DATABASE_URL is not set")
-    url = settings.database_url
+    url = settings.database.url
     # Fail fast, before anything is started: broken policies, settings that cannot work and
     # half-configured forges.
     check_scheduler_settings(settings.scheduler)
-    policies = load_policy_book(settings.policy_dir)
+    policies = load_policy_book(settings.review.policy_dir)
     if role in ("dispatcher", "all"):
-        settings = settings.with_changes(llm_backend=_chosen_backend(settings))
+        settings = settings.with_changes(llm={"backend": _chosen_backend(settings)})
     if migrate:
-        await migrate_when_reachable(url, backoff_s=settings.outage_backoff_s)
+        await migrate_when_reachable(url, backoff_s=settings.database.outage_backoff_s)
     store = open_store(settings)
     clock = SystemClock()
     # One write budget per installation/token, shared with every other process.
@@ -259,8 +264,10 @@ async def serve(
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host, port, backlog=1024).start()
-        if settings.metrics_port is not None:
-            metrics_runner = await start_metrics_site(app, host=host, port=settings.metrics_port)
+        if settings.web.metrics_port is not None:
+            metrics_runner = await start_metrics_site(
+                app, host=host, port=settings.web.metrics_port
+            )
         if role in ("web", "all"):
             log.info(
                 "webhooks at http://%s:%s/webhooks/{github,gitlab}",
@@ -285,7 +292,7 @@ async def serve(
                 dispatching=DispatcherSettings.from_scheduler(
                     settings.scheduler,
                     owner=worker_name(),
-                    outage_backoff_s=settings.outage_backoff_s,
+                    outage_backoff_s=settings.database.outage_backoff_s,
                 ),
                 line_budget=budget.line_budget,
                 context_tokens=budget.context_tokens,
@@ -296,7 +303,7 @@ async def serve(
                 "dispatcher %s with %d slots on the %s backend%s",
                 dispatcher.settings.owner,
                 dispatcher.total_slots,
-                settings.llm_backend,
+                settings.llm.backend,
                 ""
                 if dispatcher.engines is None
                 else f" ({len(dispatcher.engines.engines)} engines with adaptive windows)",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bot.clock import VirtualClock
-from bot.config import Settings
+from bot.config import ForgeSettings, Settings
 from bot.emulator import EmulatedPull, EmulatorState, ForgeEmulator
 from bot.forges.base import RetryPolicy
 from bot.forges.registry import ForgeOptions, ForgeRegistry, build_forges
@@ -45,13 +45,15 @@ def emulator_state(clock: VirtualClock) -> EmulatorState:
     return state
 
 
-def forge_settings(emulator: ForgeEmulator, **changes: object) -> Settings:
-    return Settings(
-        github_api_url=emulator.github_url,
-        github_token=GITHUB_TOKEN,
-        gitlab_url=emulator.gitlab_url,
-        gitlab_token=GITLAB_TOKEN,
-    ).with_changes(**changes)
+def forge_settings(emulator: ForgeEmulator, **forges: object) -> Settings:
+    """Settings that reach the emulator's forges; `forges` changes ForgeSettings' fields."""
+    defaults: dict[str, object] = {
+        "github_api_url": emulator.github_url,
+        "github_token": GITHUB_TOKEN,
+        "gitlab_url": emulator.gitlab_url,
+        "gitlab_token": GITLAB_TOKEN,
+    }
+    return Settings(forges=ForgeSettings.model_validate({**defaults, **forges}))
 
 
 def emulator_forges(

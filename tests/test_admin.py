@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bot.app import create_app
 from bot.clock import EPOCH, VirtualClock
-from bot.config import AlertSettings, Settings
+from bot.config import AlertSettings, ForgeSettings, Settings, WebSettings
 from bot.db import create_engine
 from bot.model import Level
 from bot.obs.alerts import AlertMonitor
@@ -144,7 +144,10 @@ async def test_admin_with_bearer_and_with_token_cookie(
 
 
 async def test_create_app_mounts_admin(aiohttp_client: ClientMaker, store: QueueStore) -> None:
-    settings = Settings(github_webhook_secret="s", gitlab_webhook_token="t", admin_token=TOKEN)
+    settings = Settings(
+        forges=ForgeSettings(github_webhook_secret="s", gitlab_webhook_token="t"),
+        web=WebSettings(admin_token=TOKEN),
+    )
     client = await aiohttp_client(create_app(settings, store=store, clock=VirtualClock()))
     assert (await client.get("/admin")).status == 401
     authorized = await client.get("/admin", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -157,7 +160,10 @@ async def test_the_dashboard_lists_waiting_reviews_with_their_status_place_and_e
     """Next up: the reviews not started yet, by place, with the ETA their statuses give (the
     status publisher's standings, read back with its model, or the slots configured before)."""
     clock = VirtualClock()
-    settings = Settings(github_webhook_secret="s", gitlab_webhook_token="t", admin_token=TOKEN)
+    settings = Settings(
+        forges=ForgeSettings(github_webhook_secret="s", gitlab_webhook_token="t"),
+        web=WebSettings(admin_token=TOKEN),
+    )
     for number in range(1, 12):
         submitted = await store.submit_request(
             make_request(number=number), decide(), now=clock.now()
@@ -181,7 +187,10 @@ async def test_hostile_text_on_the_page_is_escaped(
 ) -> None:
     """What PR authors and engine operators choose reaches the page as text, never as markup."""
     clock = VirtualClock()
-    settings = Settings(github_webhook_secret="s", gitlab_webhook_token="t", admin_token=TOKEN)
+    settings = Settings(
+        forges=ForgeSettings(github_webhook_secret="s", gitlab_webhook_token="t"),
+        web=WebSettings(admin_token=TOKEN),
+    )
     hostile = make_request(
         repo="acme/<script>alert(1)</script>", title='<script>alert("title")</script>'
     )

@@ -25,10 +25,10 @@ def test_a_configured_forge_needs_an_explicit_backend(
     environ: dict[str, str], forges: tuple[str, ...]
 ) -> None:
     settings = load_settings(environ)
-    assert settings.llm_backend is None
+    assert settings.llm.backend is None
     assert configured_forges(settings) == forges
     with pytest.raises(ConfigError, match="REVIEW_BOT_LLM is not set") as refused:
-        check_backend_choice(settings.llm_backend, forges=configured_forges(settings))
+        check_backend_choice(settings.llm.backend, forges=configured_forges(settings))
     assert "REVIEW_BOT_LLM=simulated" in str(refused.value)
     assert " and ".join(forges) in str(refused.value)
 
@@ -36,10 +36,10 @@ def test_a_configured_forge_needs_an_explicit_backend(
 @pytest.mark.parametrize("chosen", ["simulated", "openai", "vllm", " OpenAI "])
 def test_an_explicit_choice_is_kept(chosen: str) -> None:
     settings = load_settings({"GITHUB_TOKEN": "ghp-x", "REVIEW_BOT_LLM": chosen})
-    assert check_backend_choice(settings.llm_backend, forges=("github",)) == chosen.strip().lower()
+    assert check_backend_choice(settings.llm.backend, forges=("github",)) == chosen.strip().lower()
 
 
 def test_without_forges_the_simulated_backend_stands_in() -> None:
     settings = load_settings({})
     assert configured_forges(settings) == ()
-    assert check_backend_choice(settings.llm_backend, forges=()) == "simulated"
+    assert check_backend_choice(settings.llm.backend, forges=()) == "simulated"

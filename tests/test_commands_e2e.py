@@ -28,7 +28,7 @@ from bot.commands.worker import (
     CommandWorkerSettings,
     DeliveryReport,
 )
-from bot.config import DEFAULT_POLICY_DIR, Settings
+from bot.config import DEFAULT_POLICY_DIR, ForgeSettings, Settings
 from bot.emulator import (
     EmulatorState,
     Fault,
@@ -54,7 +54,9 @@ from bot.status.publisher import StatusPublisher
 from tests.factories import plans
 from tests.webhook_fixtures import GITHUB_SECRET, GITLAB_TOKEN, Fixture, load_payload
 
-SETTINGS = Settings(github_webhook_secret=GITHUB_SECRET, gitlab_webhook_token=GITLAB_TOKEN)
+SETTINGS = Settings(
+    forges=ForgeSettings(github_webhook_secret=GITHUB_SECRET, gitlab_webhook_token=GITLAB_TOKEN)
+)
 REPO = "acme/shop"
 GITLAB_REPO = "acme/platform/api"
 ClientMaker = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]

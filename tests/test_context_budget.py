@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
-from bot.config import Settings
+from bot.config import LLMSettings, Settings
 from bot.engine_setup import fixed_prompt_tokens, served_budget, served_line_budget
 from bot.llm.vllm_metrics import (
     TOKENS_PER_DIFF_LINE,
@@ -36,18 +36,21 @@ async def test_a_served_model_gets_lines_and_context_that_fit_its_context_togeth
     app.router.add_get("/v1/models", models)
     server = await aiohttp_server(app)  # type: ignore[operator]
     settings = Settings(
-        llm_backend="openai", llm_base_urls=(str(server.make_url("/v1")),), llm_model="m"
+        llm=LLMSettings(backend="openai", base_urls=(str(server.make_url("/v1")),), model="m")
     )
     budget = await served_budget(settings)
     fixed = fixed_prompt_tokens()
-    used = fixed + budget.context_tokens + budget.line_budget * LINE + settings.llm_max_tokens
+    used = fixed + budget.context_tokens + budget.line_budget * LINE + settings.llm.max_tokens
     assert used <= max_model_len
-    assert 0 < budget.context_tokens <= settings.context_tokens
+    assert 0 < budget.context_tokens <= settings.review.context_tokens
     # The context costs a small model at most a quarter of the diff lines it would hold.
-    without = (max_model_len - settings.llm_max_tokens - fixed) // LINE
+    without = (max_model_len - settings.llm.max_tokens - fixed) // LINE
     assert budget.line_budget >= min(400, 3 * without // 4)
     # A caller that gives every chunk the whole configured allowance gets fewer lines (or
     # as many, when the model's context is long), never a prompt over the context.
     lines = await served_line_budget(settings)
     assert lines <= budget.line_budget
-    assert fixed + settings.context_tokens + lines * LINE + settings.llm_max_tokens <= max_model_len
+    assert (
+        fixed + settings.review.context_tokens + lines * LINE + settings.llm.max_tokens
+        <= max_model_len
+    )

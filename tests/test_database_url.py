@@ -33,7 +33,7 @@ def test_every_spelling_normalizes_to_one_form(scheme: str) -> None:
     assert normalize_database_url(url) == "postgresql://bot:s%40cret@db.example:5433/reviews"
     assert plain_url(url) == normalize_database_url(url)
     assert async_url(url) == "postgresql+asyncpg://bot:s%40cret@db.example:5433/reviews"
-    assert load_settings({"DATABASE_URL": url}).database_url == normalize_database_url(url)
+    assert load_settings({"DATABASE_URL": url}).database.url == normalize_database_url(url)
 
 
 @pytest.mark.parametrize(
@@ -101,9 +101,9 @@ def test_the_url_may_come_from_a_secret_file(tmp_path: Path) -> None:
     secret = tmp_path / "database-url"
     secret.write_text("postgres://bot:pw@db:5432/reviewbot\n")
     settings = load_settings({"DATABASE_URL_FILE": str(secret)})
-    assert settings.database_url == "postgresql://bot:pw@db:5432/reviewbot"
+    assert settings.database.url == "postgresql://bot:pw@db:5432/reviewbot"
     # The variable itself wins over the file, as for every secret.
     both = load_settings({"DATABASE_URL": "postgresql://x@h/d", "DATABASE_URL_FILE": str(secret)})
-    assert both.database_url == "postgresql://x@h/d"
+    assert both.database.url == "postgresql://x@h/d"
     with pytest.raises(ConfigError, match=r"DATABASE_URL_FILE=.*missing"):
         load_settings({"DATABASE_URL_FILE": str(tmp_path / "missing")})

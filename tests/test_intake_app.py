@@ -20,7 +20,7 @@ from sqlalchemy import text
 
 from bot.app import create_app
 from bot.clock import VirtualClock
-from bot.config import Settings
+from bot.config import DatabaseSettings, ForgeSettings, Settings, WebSettings
 from bot.errors import ConfigError
 from bot.model import JobState, Level
 from bot.queue.store import QueueStore
@@ -36,7 +36,9 @@ from tests.webhook_fixtures import (
     with_comment,
 )
 
-SETTINGS = Settings(github_webhook_secret=GITHUB_SECRET, gitlab_webhook_token=GITLAB_TOKEN)
+SETTINGS = Settings(
+    forges=ForgeSettings(github_webhook_secret=GITHUB_SECRET, gitlab_webhook_token=GITLAB_TOKEN)
+)
 ClientMaker = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 Client = TestClient[web.Request, web.Application]
 
@@ -363,7 +365,7 @@ async def test_over_25_mb_is_413(client: Client, store: QueueStore) -> None:
 async def test_chunked_body_over_the_limit_is_413(
     aiohttp_client: ClientMaker, store: QueueStore
 ) -> None:
-    small = SETTINGS.with_changes(max_body_bytes=10_000)
+    small = SETTINGS.with_changes(web={"max_body_bytes": 10_000})
     client = await aiohttp_client(create_app(small, store=store))
     body = b'{"pad": "' + b"x" * 20_000 + b'"}'
 
@@ -438,14 +440,14 @@ async def test_database_outage_is_503(aiohttp_client: ClientMaker, dead_store: Q
 
 def test_refuses_to_start_without_secrets(caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(ConfigError, match="GITHUB_WEBHOOK_SECRET"):
-        create_app(Settings(database_url="postgresql://postgres@127.0.0.1/x"))
+        create_app(Settings(database=DatabaseSettings(url="postgresql://postgres@127.0.0.1/x")))
 
 
 async def test_insecure_dev_accepts_unsigned_and_warns(
     aiohttp_client: ClientMaker, store: QueueStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="bot.app"):
-        app = create_app(Settings(insecure_dev=True), store=store)
+        app = create_app(Settings(web=WebSettings(insecure_dev=True)), store=store)
     assert any("INSECURE" in record.getMessage() for record in caplog.records)
     client = await aiohttp_client(app)
     body = load_payload("github/ping.json").body
@@ -459,7 +461,7 @@ async def test_one_forge_configured_refuses_the_other(
     aiohttp_client: ClientMaker, store: QueueStore
 ) -> None:
     client = await aiohttp_client(
-        create_app(Settings(github_webhook_secret=GITHUB_SECRET), store=store)
+        create_app(Settings(forges=ForgeSettings(github_webhook_secret=GITHUB_SECRET)), store=store)
     )
     fixture = load_payload("gitlab/merge_request.open.json")
     response = await client.post("/webhooks/gitlab", data=fixture.body, headers=fixture.headers())

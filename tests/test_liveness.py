@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from bot.app import create_app
 from bot.clock import EPOCH, VirtualClock
-from bot.config import AlertSettings, Settings
+from bot.config import AlertSettings, ForgeSettings, Settings, WebSettings
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.llm.simulated import SimulatedBackend
 from bot.model import Level
@@ -222,7 +222,10 @@ async def _plan_nothing(now: Any, estimator: Any) -> list[Any]:
     return []  # no job is submitted in this test
 
 
-SETTINGS = Settings(github_webhook_secret="s", gitlab_webhook_token="t", admin_token="admin-secret")
+SETTINGS = Settings(
+    forges=ForgeSettings(github_webhook_secret="s", gitlab_webhook_token="t"),
+    web=WebSettings(admin_token="admin-secret"),
+)
 
 
 async def test_healthz_metrics_and_dashboard_say_who_is_alive(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Settings
+from bot.config import LLMSettings, Settings
 from bot.diff import commentable_positions
 from bot.errors import BackendUnavailable, ConfigError, LLMError
 from bot.llm.base import LLMBackend, LLMRequest
@@ -161,15 +161,15 @@ async def test_factory_builds_each_backend() -> None:
     simulated = create_backend(Settings())
     assert isinstance(simulated, SimulatedBackend) and isinstance(simulated, LLMBackend)
     openai = create_backend(
-        Settings(llm_backend="openai", llm_base_urls=("http://127.0.0.1:9/v1",), llm_model="m")
+        Settings(llm=LLMSettings(backend="openai", base_urls=("http://127.0.0.1:9/v1",), model="m"))
     )
     assert isinstance(openai, OpenAICompatBackend)
     assert openai.workers[0].base_url == "http://127.0.0.1:9"
     await openai.close()
     with pytest.raises(ConfigError):
-        create_backend(Settings(llm_backend="openai"))
+        create_backend(Settings(llm=LLMSettings(backend="openai")))
     with pytest.raises(ConfigError):
-        create_backend(Settings(llm_backend="gpt"))
+        create_backend(Settings(llm=LLMSettings(backend="gpt")))
 
 
 def test_vllm_backend_says_how_to_install_when_missing() -> None:
@@ -180,4 +180,4 @@ def test_vllm_backend_says_how_to_install_when_missing() -> None:
     else:
         pytest.skip("vllm is installed here; the missing-package message cannot be shown")
     with pytest.raises(BackendUnavailable, match=r"pip install 'review-bot\[vllm\]'"):
-        create_backend(Settings(llm_backend="vllm"))
+        create_backend(Settings(llm=LLMSettings(backend="vllm")))

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bot.app import create_app
 from bot.clock import VirtualClock
-from bot.config import Settings
+from bot.config import ForgeSettings, Settings
 from bot.db import create_engine
 from bot.model import Level
 from bot.obs.metrics import METRICS_KEY, Metrics, setup_metrics, webhook_outcome
@@ -149,7 +149,9 @@ async def test_scrape_survives_a_database_outage(aiohttp_client: ClientMaker) ->
 async def test_create_app_serves_metrics_and_counts_webhooks(
     aiohttp_client: ClientMaker, store: QueueStore
 ) -> None:
-    settings = Settings(github_webhook_secret="s3cret", gitlab_webhook_token="t0ken")
+    settings = Settings(
+        forges=ForgeSettings(github_webhook_secret="s3cret", gitlab_webhook_token="t0ken")
+    )
     client = await aiohttp_client(create_app(settings, store=store, clock=VirtualClock()))
     response = await client.post(
         "/webhooks/github",

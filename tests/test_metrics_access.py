@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient
 
 from bot.app import create_app, create_worker_app
 from bot.clock import VirtualClock
-from bot.config import Settings, load_settings
+from bot.config import ForgeSettings, Settings, WebSettings, load_settings
 from bot.errors import ConfigError
 from bot.obs.access import came_over_https
 from bot.obs.dashboard import COOKIE_NAME
@@ -23,14 +23,17 @@ from bot.queue.store import QueueStore
 from tests.serving import REPO_ROOT, free_port, start_serve
 
 ClientMaker = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
-BASE = Settings(github_webhook_secret="s", gitlab_webhook_token="t", admin_token="admin-secret")
+BASE = Settings(
+    forges=ForgeSettings(github_webhook_secret="s", gitlab_webhook_token="t"),
+    web=WebSettings(admin_token="admin-secret"),
+)
 BEARER = {"Authorization": "Bearer admin-secret"}
 
 
 async def test_metrics_behind_the_admin_token(
     aiohttp_client: ClientMaker, store: QueueStore
 ) -> None:
-    settings = BASE.with_changes(metrics_require_token=True)
+    settings = BASE.with_changes(web={"metrics_require_token": True})
     client = await aiohttp_client(create_app(settings, store=store, clock=VirtualClock()))
     refused = await client.get("/metrics")
     assert refused.status == 401
@@ -44,7 +47,7 @@ async def test_metrics_behind_the_admin_token(
 
 
 async def test_requiring_a_token_without_one_refuses_to_start(store: QueueStore) -> None:
-    settings = BASE.with_changes(admin_token=None, metrics_require_token=True)
+    settings = BASE.with_changes(web={"admin_token": None, "metrics_require_token": True})
     with pytest.raises(ConfigError, match="REVIEW_BOT_ADMIN_TOKEN"):
         create_app(settings, store=store, clock=VirtualClock())
     with pytest.raises(ConfigError, match="REVIEW_BOT_ADMIN_TOKEN"):
@@ -54,7 +57,9 @@ async def test_requiring_a_token_without_one_refuses_to_start(store: QueueStore)
 async def test_metrics_on_a_port_of_their_own(
     aiohttp_client: ClientMaker, store: QueueStore
 ) -> None:
-    app = create_app(BASE.with_changes(metrics_port=9464), store=store, clock=VirtualClock())
+    app = create_app(
+        BASE.with_changes(web={"metrics_port": 9464}), store=store, clock=VirtualClock()
+    )
     main = await aiohttp_client(app)
     assert (await main.get("/metrics")).status == 404
     assert (await main.get("/healthz")).status == 200
@@ -66,7 +71,10 @@ async def test_metrics_on_a_port_of_their_own(
     counted = [line for line in text.splitlines() if line.startswith("review_bot_webhooks_total")]
     assert counted == ['review_bot_webhooks_total{forge="github",outcome="rejected"} 1.0'], text
     worker = create_worker_app(
-        store, metrics=Metrics(), clock=VirtualClock(), settings=BASE.with_changes(metrics_port=1)
+        store,
+        metrics=Metrics(),
+        clock=VirtualClock(),
+        settings=BASE.with_changes(web={"metrics_port": 1}),
     )
     worker_client = await aiohttp_client(worker)
     assert (await worker_client.get("/metrics")).status == 404
@@ -80,9 +88,9 @@ def test_settings_read_the_metrics_and_proxy_variables() -> None:
             "REVIEW_BOT_TRUST_FORWARDED_PROTO": "true",
         }
     )
-    assert (settings.metrics_port, settings.metrics_require_token) == (9464, True)
-    assert settings.trust_forwarded_proto
-    assert load_settings({}).metrics_port is None
+    assert (settings.web.metrics_port, settings.web.metrics_require_token) == (9464, True)
+    assert settings.web.trust_forwarded_proto
+    assert load_settings({}).web.metrics_port is None
     with pytest.raises(ConfigError, match="REVIEW_BOT_METRICS_PORT"):
         load_settings({"REVIEW_BOT_METRICS_PORT": "70000"})
 
@@ -103,7 +111,7 @@ def test_https_is_direct_tls_or_a_trusted_proxy() -> None:
 async def test_admin_cookie_is_secure_behind_a_trusted_https_proxy(
     aiohttp_client: ClientMaker, store: QueueStore, trust: bool, secure: bool
 ) -> None:
-    settings = BASE.with_changes(trust_forwarded_proto=trust)
+    settings = BASE.with_changes(web={"trust_forwarded_proto": trust})
     client = await aiohttp_client(create_app(settings, store=store, clock=VirtualClock()))
     response = await client.get(
         "/admin?token=admin-secret",

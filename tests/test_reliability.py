@@ -176,7 +176,7 @@ def test_an_unset_heartbeat_follows_a_short_lease() -> None:
     assert short.scheduler.heartbeat_s == 3.0
     default = load_settings({})
     assert (default.scheduler.lease_s, default.scheduler.heartbeat_s) == (300.0, 30.0)
-    assert load_settings({"REVIEW_BOT_RETRY_BACKOFF_S": "0.5"}).outage_backoff_s == 0.5
+    assert load_settings({"REVIEW_BOT_RETRY_BACKOFF_S": "0.5"}).database.outage_backoff_s == 0.5
 
 
 # --- a dispatcher while the database is away ------------------------------------------------

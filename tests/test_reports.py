@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from bot.clock import EPOCH
-from bot.config import Settings
+from bot.config import DatabaseSettings, Settings
 from bot.db import create_engine, plain_url
 from bot.model import JobState, Level
 from bot.obs.reports import (
@@ -245,7 +245,7 @@ def _args(name: str, output_format: str, **extra: Any) -> argparse.Namespace:
 async def test_reports_run_as_a_read_only_role(
     reader_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = Settings(database_url=reader_url)
+    settings = Settings(database=DatabaseSettings(url=reader_url))
     for name in sorted(STATEMENTS):
         status = await asyncio.to_thread(run_report_command, _args(name, "json"), settings)
         assert status == 0
@@ -272,7 +272,9 @@ async def test_compare_two_periods(replayed: tuple[str, Any], capsys: Any) -> No
         return f"{bounds[0].isoformat()}/{bounds[1].isoformat()}"
 
     args = _args("compare", "json", before=period(first), after=period(second))
-    status = await asyncio.to_thread(run_report_command, args, Settings(database_url=url))
+    status = await asyncio.to_thread(
+        run_report_command, args, Settings(database=DatabaseSettings(url=url))
+    )
     assert status == 0
     result = json.loads(capsys.readouterr().out)
     rows = {(row["scope"], row["metric"]): row for row in result["rows"]}

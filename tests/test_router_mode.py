@@ -269,8 +269,8 @@ async def test_each_review_stays_on_one_server_and_reviews_spread(
 
 def test_router_mode_settings_are_checked() -> None:
     settings = load_settings(router_settings("http://router:8000"))
-    assert settings.llm_router and settings.llm_objectives == tuple(OBJECTIVES.split(","))
-    assert settings.llm_session_header == "x-session-id"
+    assert settings.llm.router and settings.llm.objectives == tuple(OBJECTIVES.split(","))
+    assert settings.llm.session_header == "x-session-id"
     with pytest.raises(ConfigError, match="exactly one URL"):
         load_settings(
             {"REVIEW_BOT_LLM_URLS": "http://a:8000,http://b:8000", "REVIEW_BOT_LLM_ROUTER": "1"}
@@ -357,7 +357,7 @@ async def test_a_router_serving_metrics_elsewhere_is_read_there(
     settings = load_settings(router_settings(router.url, REVIEW_BOT_LLM_METRICS_URL=picker_url))
     backend = create_backend(settings)
     try:
-        probe = metrics_probe(backend, metrics_url=settings.llm_metrics_url)
+        probe = metrics_probe(backend, metrics_url=settings.llm.metrics_url)
         assert probe is not None
         scraped = await probe(router.url)
         assert scraped is not None

@@ -47,9 +47,9 @@ def test_the_limits_are_settings() -> None:
         }
     )
     assert (
-        settings.db_statement_timeout_s,
-        settings.db_lock_timeout_s,
-        settings.db_idle_in_transaction_timeout_s,
+        settings.database.statement_timeout_s,
+        settings.database.lock_timeout_s,
+        settings.database.idle_in_transaction_timeout_s,
     ) == (5.0, 0.0, 2.5)
     with pytest.raises(ConfigError, match="REVIEW_BOT_DB_LOCK_TIMEOUT_S"):
         load_settings({"REVIEW_BOT_DB_LOCK_TIMEOUT_S": "-1"})

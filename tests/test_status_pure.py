@@ -471,8 +471,8 @@ def test_skipped_cancelled_and_failed_say_so() -> None:
 
 
 def test_the_hourly_budget_comes_from_the_environment() -> None:
-    assert load_settings({}).status_updates_per_hour == 120
-    assert load_settings({"REVIEW_BOT_STATUS_UPDATES_PER_HOUR": "0"}).status_updates_per_hour == 0
+    assert load_settings({}).status.updates_per_hour == 120
+    assert load_settings({"REVIEW_BOT_STATUS_UPDATES_PER_HOUR": "0"}).status.updates_per_hour == 0
     with pytest.raises(ConfigError, match="REVIEW_BOT_STATUS_UPDATES_PER_HOUR must be 0 or more"):
         load_settings({"REVIEW_BOT_STATUS_UPDATES_PER_HOUR": "-1"})
 

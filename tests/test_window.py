@@ -213,7 +213,7 @@ def test_window_bounds_come_from_the_environment() -> None:
         }
     )
     assert (chosen.window.floor, chosen.window.initial, chosen.window.ceiling) == (2, 6, 30)
-    assert chosen.llm_max_num_seqs == 32
+    assert chosen.llm.max_num_seqs == 32
     with pytest.raises(ConfigError, match="REVIEW_BOT_WINDOW"):
         load_settings({"REVIEW_BOT_WINDOW_FLOOR": "8", "REVIEW_BOT_WINDOW_CEILING": "4"})
     with pytest.raises(ConfigError, match="--max-num-seqs 48"):
@@ -225,8 +225,8 @@ def test_window_bounds_come_from_the_environment() -> None:
         load_settings({"REVIEW_BOT_P0_SLOWDOWN": "0.5"})
     with pytest.raises(ConfigError, match="REVIEW_BOT_P0_COMPANIONS must be an integer"):
         load_settings({"REVIEW_BOT_P0_COMPANIONS": "some"})
-    assert load_settings({}).llm_max_tokens == 1024
-    assert load_settings({"REVIEW_BOT_LLM_MAX_TOKENS": "160"}).llm_max_tokens == 160
+    assert load_settings({}).llm.max_tokens == 1024
+    assert load_settings({"REVIEW_BOT_LLM_MAX_TOKENS": "160"}).llm.max_tokens == 160
     with pytest.raises(ConfigError, match="REVIEW_BOT_LLM_MAX_TOKENS"):
         load_settings({"REVIEW_BOT_LLM_MAX_TOKENS": "0"})
 

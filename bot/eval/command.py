@@ -88,7 +88,7 @@ def backend_for(
     if llm == "null":
         return NullBackend()
     if llm in ("simulated", "openai"):
-        return create_backend(settings.with_changes(llm_backend=llm))
+        return create_backend(settings.with_changes(llm={"backend": llm}))
     raise ConfigError(f"--llm must be one of {', '.join(MODELS)}, got {llm!r}")
 
 
@@ -124,7 +124,7 @@ async def evaluate(
     mutants = plant_in_repo(repo, count=count, seed=seed, languages=languages)
     backend = backend_for(llm, mutants, seed=seed, settings=settings)
     try:
-        outcomes = await review_mutants(mutants, backend, answer_tokens=settings.llm_max_tokens)
+        outcomes = await review_mutants(mutants, backend, answer_tokens=settings.llm.max_tokens)
     finally:
         await backend.close()
     scores = [score_outcome(outcome, backend) for outcome in outcomes]

@@ -71,7 +71,10 @@ class ForgeRegistry(Mapping[str, ForgeClient]):
 
 def github_configured(settings: Settings) -> bool:
     """A token, or an App id with its private key."""
-    return bool(settings.github_token or (settings.github_app_id and settings.github_private_key))
+    return bool(
+        settings.forges.github_token
+        or (settings.forges.github_app_id and settings.forges.github_private_key)
+    )
 
 
 def configured_forges(settings: Settings) -> tuple[str, ...]:
@@ -80,7 +83,7 @@ def configured_forges(settings: Settings) -> tuple[str, ...]:
         name
         for name, configured in (
             ("github", github_configured(settings)),
-            ("gitlab", bool(settings.gitlab_token)),
+            ("gitlab", bool(settings.forges.gitlab_token)),
         )
         if configured
     )
@@ -92,18 +95,18 @@ def budget_settings(settings: Settings, *, post_interval_s: float = 1.0) -> Budg
         limits={
             "github": replace(
                 GITHUB_LIMITS,
-                per_minute=settings.github_writes_per_minute,
-                per_hour=settings.github_writes_per_hour,
-                min_interval_s=post_interval_s * settings.forge_window_scale,
-                time_scale=settings.forge_window_scale,
-                margin_s=GITHUB_LIMITS.margin_s * settings.forge_window_scale,
+                per_minute=settings.budget.github_writes_per_minute,
+                per_hour=settings.budget.github_writes_per_hour,
+                min_interval_s=post_interval_s * settings.budget.window_scale,
+                time_scale=settings.budget.window_scale,
+                margin_s=GITHUB_LIMITS.margin_s * settings.budget.window_scale,
             ),
             "gitlab": replace(
                 GITLAB_LIMITS,
-                per_minute=settings.gitlab_writes_per_minute,
-                per_hour=settings.gitlab_writes_per_hour,
-                time_scale=settings.forge_window_scale,
-                margin_s=GITLAB_LIMITS.margin_s * settings.forge_window_scale,
+                per_minute=settings.budget.gitlab_writes_per_minute,
+                per_hour=settings.budget.gitlab_writes_per_hour,
+                time_scale=settings.budget.window_scale,
+                margin_s=GITLAB_LIMITS.margin_s * settings.budget.window_scale,
             ),
         }
     )
@@ -134,8 +137,8 @@ def build_forges(
             sleep=sleep,
             settings=budget_settings(settings, post_interval_s=options.post_interval_s),
         )
-    if bool(settings.github_app_id) != bool(settings.github_private_key) and not (
-        settings.github_token
+    if bool(settings.forges.github_app_id) != bool(settings.forges.github_private_key) and not (
+        settings.forges.github_token
     ):
         raise ConfigError("a GitHub App needs both GITHUB_APP_ID and GITHUB_PRIVATE_KEY")
     clients: dict[str, ForgeClient] = {}
@@ -147,10 +150,12 @@ def build_forges(
             )
         clients["github"] = GitHubClient(
             session or own_session,  # type: ignore[arg-type]
-            base_url=settings.github_api_url,
-            token=settings.github_token,
-            app_id=None if settings.github_token else settings.github_app_id,
-            private_key=None if settings.github_token else settings.github_private_key,
+            base_url=settings.forges.github_api_url,
+            token=settings.forges.github_token,
+            app_id=None if settings.forges.github_token else settings.forges.github_app_id,
+            private_key=None
+            if settings.forges.github_token
+            else settings.forges.github_private_key,
             requester=options.requester,
             clock=clock,
             sleep=sleep,
@@ -158,10 +163,10 @@ def build_forges(
             post_interval_s=options.post_interval_s,
             budget=budget,
         )
-    if settings.gitlab_token:
+    if settings.forges.gitlab_token:
         clients["gitlab"] = GitLabClient(
-            url=settings.gitlab_url,
-            token=settings.gitlab_token,
+            url=settings.forges.gitlab_url,
+            token=settings.forges.gitlab_token,
             clock=clock,
             sleep=sleep,
             retry=options.retry,

@@ -31,45 +31,45 @@ def check_backend_choice(llm_backend: str | None, *, forges: Collection[str]) ->
 def create_backend(settings: Settings) -> LLMBackend:
     """The backend named by settings.llm_backend (simulated when unset); raises ConfigError or
     BackendUnavailable."""
-    name = (settings.llm_backend or DEFAULT_BACKEND).strip().lower()
+    name = (settings.llm.backend or DEFAULT_BACKEND).strip().lower()
     if name == "simulated":
         from bot.llm.simulated import SimulatedBackend
 
-        if settings.sim_time_scale <= 0:
-            return SimulatedBackend(fault_every=settings.sim_fault_every)
+        if settings.llm.sim_time_scale <= 0:
+            return SimulatedBackend(fault_every=settings.llm.sim_fault_every)
         import asyncio
 
         return SimulatedBackend(
             sleep=asyncio.sleep,
-            time_scale=settings.sim_time_scale,
-            fault_every=settings.sim_fault_every,
+            time_scale=settings.llm.sim_time_scale,
+            fault_every=settings.llm.sim_fault_every,
         )
     if name == "openai":
         from bot.llm.openai_compat import OpenAICompatBackend
 
-        if not settings.llm_base_urls:
+        if not settings.llm.base_urls:
             raise ConfigError("REVIEW_BOT_LLM=openai needs REVIEW_BOT_LLM_URLS (comma separated)")
         from bot.llm.routing import RouterAffinity
 
         affinity = (
             RouterAffinity(
-                session_header=settings.llm_session_header, objectives=settings.llm_objectives
+                session_header=settings.llm.session_header, objectives=settings.llm.objectives
             )
-            if settings.llm_router
+            if settings.llm.router
             else None
         )
         return OpenAICompatBackend(
-            settings.llm_base_urls,
-            model=settings.llm_model,
-            api_key=settings.llm_api_key,
-            timeout_s=settings.llm_timeout_s,
-            pass_priority=settings.llm_pass_priority,
-            stream=settings.llm_stream,
-            response_format=settings.llm_response_format,  # type: ignore[arg-type]
+            settings.llm.base_urls,
+            model=settings.llm.model,
+            api_key=settings.llm.api_key,
+            timeout_s=settings.llm.timeout_s,
+            pass_priority=settings.llm.pass_priority,
+            stream=settings.llm.stream,
+            response_format=settings.llm.response_format,
             affinity=affinity,
         )
     if name == "vllm":
         from bot.llm.vllm_engine import VLLMEngineBackend
 
-        return VLLMEngineBackend(settings.llm_model)
+        return VLLMEngineBackend(settings.llm.model)
     raise ConfigError(f"REVIEW_BOT_LLM must be one of {', '.join(BACKENDS)}, got {name!r}")

@@ -469,11 +469,11 @@ async def run_report(args: argparse.Namespace, settings: Settings) -> Report:
 
     def engine_for() -> AsyncEngine:
         nonlocal engine
-        if not settings.database_url:
+        if not settings.database.url:
             raise ConfigError("DATABASE_URL is not set: reports read the queue database")
         if engine is None:
             engine = create_engine(
-                settings.database_url, pool_size=1, application_name="review-bot-report"
+                settings.database.url, pool_size=1, application_name="review-bot-report"
             )
         return engine
 

@@ -62,12 +62,13 @@ class QuietPosting:
 
 def quiet_posting(settings: Settings, store: QueueStore) -> QuietPosting | None:
     """Quiet posting as the settings configure it (None: every push reviewed in full)."""
-    if not settings.quiet_reviews:
+    if not settings.review.quiet:
         return None
     return QuietPosting(
         FindingStore(store.engine),
         QuietSettings(
-            min_inline_severity=settings.min_inline_severity, inline_cap=settings.inline_cap
+            min_inline_severity=settings.review.min_inline_severity,
+            inline_cap=settings.review.inline_cap,
         ),
     )
 

@@ -566,8 +566,8 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
         # The same trace on the same number of GPUs: exclusive slots, then batched engines.
         return {"exclusive": run(url), "batched": run(url, batching)}
 
-    if settings.database_url:
-        result = runs(settings.database_url)
+    if settings.database.url:
+        result = runs(settings.database.url)
     else:
         with devdb.provision_server() as server_url:
             result = runs(server_url)
