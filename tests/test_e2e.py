@@ -38,21 +38,13 @@ from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
-from tests.conftest import shared_dir
 from tests.pipeline_helpers import GITHUB_TOKEN, GITLAB_TOKEN, SMELLY, forge_settings
+from tests.webhook_fixtures import load_payload
 
 pytestmark = pytest.mark.slow
 
 SECRET = "e2e-webhook-secret"
 GITLAB_SECRET = "e2e-gitlab-token"
-
-
-def load_fixture(forge: str, name: str) -> dict[str, Any]:
-    path = shared_dir() / "fixtures" / forge / name
-    if not path.exists():
-        pytest.skip(f"../shared is absent: {path} is needed")
-    loaded: dict[str, Any] = json.loads(path.read_text())
-    return loaded
 
 
 class Bot:
@@ -134,7 +126,7 @@ class Bot:
     async def send_github(self, pull: EmulatedPull, *, action: str = "opened") -> dict[str, Any]:
         name = "pull_request.opened.json" if action == "opened" else "pull_request.synchronize.json"
         payload = build_github_pull_request_event(
-            load_fixture("github", name),
+            load_payload(f"github/{name}").payload,
             action=action,
             repo=pull.repo,
             number=pull.number,
@@ -158,7 +150,7 @@ class Bot:
 
     async def send_gitlab(self, pull: EmulatedPull) -> dict[str, Any]:
         payload = build_gitlab_merge_request_event(
-            load_fixture("gitlab", "merge_request_hook.open.gitlab_com.json"),
+            load_payload("gitlab/merge_request.open.json").payload,
             action="open",
             repo=pull.repo,
             project_id=pull.project_id,

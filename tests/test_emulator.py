@@ -32,6 +32,7 @@ from bot.forges.base import (
     parse_diff_lines,
     render_marker,
 )
+from tests.webhook_fixtures import load_payload
 
 SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
 REPO = "acme/shop"
@@ -393,11 +394,11 @@ def test_marker_round_trip() -> None:
     assert find_marker(None) is None
 
 
-# -- webhooks built from the real payloads -------------------------------------------------------
+# -- webhooks built from a payload ----------------------------------------------------------------
 
 
 async def test_github_webhook_is_signed_and_overridden(aiohttp_server: Any) -> None:
-    fixture = load_shared_json("fixtures", "github", "pull_request.opened.json")
+    fixture = load_payload("github/pull_request.opened.json").payload
     received: list[sansio.Event] = []
 
     async def receive(request: web.Request) -> web.Response:
@@ -451,11 +452,9 @@ async def test_github_webhook_is_signed_and_overridden(aiohttp_server: Any) -> N
 
 
 async def test_gitlab_webhooks_carry_token_and_uuid(aiohttp_server: Any) -> None:
-    merge_request = load_shared_json(
-        "fixtures", "gitlab", "merge_request_hook.open.gitlab_com.json"
-    )
-    note = load_shared_json("fixtures", "gitlab", "note_hook.merge_request.docs.json")
-    comment = load_shared_json("fixtures", "github", "issue_comment.created.on_pull_request.json")
+    merge_request = load_payload("gitlab/merge_request.open.json").payload
+    note = load_payload("gitlab/note.merge_request.json").payload
+    comment = load_payload("github/issue_comment.created.json").payload
     seen: list[tuple[Mapping[str, str], Any]] = []
 
     async def receive(request: web.Request) -> web.Response:

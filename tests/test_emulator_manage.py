@@ -19,7 +19,7 @@ from bot.emulator.manage import (
     pull_spec_from_webhook,
     pull_specs_from_text,
 )
-from tests.conftest import shared_dir
+from tests.webhook_fixtures import load_payload
 
 HEAD = "9" * 40
 GITHUB_DELIVERY: dict[str, Any] = {
@@ -96,12 +96,9 @@ def test_the_pull_a_webhook_names() -> None:
     assert len(spec.files) == 3
 
 
-def test_the_recorded_deliveries_name_their_pulls() -> None:
-    fixtures = shared_dir() / "fixtures"
-    github = json.loads((fixtures / "github" / "pull_request.opened.json").read_text())
-    gitlab = json.loads(
-        (fixtures / "gitlab" / "merge_request_hook.open.gitlab_com.json").read_text()
-    )
+def test_the_deliveries_name_their_pulls() -> None:
+    github = load_payload("github/pull_request.opened.json").payload
+    gitlab = load_payload("gitlab/merge_request.open.json").payload
     from_github = pull_spec_from_webhook(github)
     from_gitlab = pull_spec_from_webhook(gitlab)
     pull = github["pull_request"]

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from bot import devdb
 from bot.database_url import async_url
 from bot.db import upgrade_database
-from bot.demo import SECRET, TOKEN, load_demo_trace, recorded_payload, send_request
+from bot.demo import SECRET, TOKEN, load_demo_trace, send_request
 from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.github import seed_issue_comment
 from bot.emulator.state import Fault
@@ -41,6 +41,7 @@ from bot.model import Forge
 from bot.queue.guarantees import GuaranteeLimits, check_guarantees, render_guarantees
 from bot.sim.trace import TraceRequest
 from tests.serving import REPO_ROOT, free_port, start_serve, wait_until
+from tests.webhook_fixtures import load_payload
 
 LEASE_S = 4.0
 HEARTBEAT_S = 1.0
@@ -643,9 +644,7 @@ async def test_a_web_process_paused_with_command_replies_on_the_wire_replies_onc
     """Two web processes share slash commands; the one whose reply is on the wire (the forge
     took it, its answer is late) is SIGSTOPped for three leases: the other takes its claims
     over, every command gets exactly one reply, and the resumed process drops what it held."""
-    fixture = recorded_payload("github/issue_comment.created.on_pull_request.json")
-    if fixture is None:
-        pytest.skip("../shared/fixtures is absent: no recorded issue_comment delivery to send")
+    fixture = load_payload("github/issue_comment.created.json").payload
     state = emulator.state
     env = _environment(db_url, emulator)
     requests = _burst(COMMANDS, github_every=1)

@@ -3,7 +3,6 @@ pull/merge request, which is not "the change is gone"."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -31,7 +30,6 @@ from bot.review.comments import inline_comment, review_diff
 from bot.review.parse import Finding
 from bot.review.planner import claim_and_plan_jobs
 from bot.review.poster import post_job_review
-from tests.conftest import shared_dir
 from tests.pipeline_helpers import (
     SMELLY,
     emulator_forges,
@@ -39,6 +37,7 @@ from tests.pipeline_helpers import (
     request_for,
     run_all_chunks,
 )
+from tests.webhook_fixtures import load_payload
 
 REPO = "acme/platform/api"
 RENAMED = FileChange(
@@ -128,13 +127,9 @@ async def test_a_404_on_the_merge_request_itself_still_means_gone(
         await client_of(forges).fetch_changes(REPO, 99)
 
 
-def real_merge_request_hook(emulator: ForgeEmulator, number: int) -> ReviewRequest:
-    """gitlab.com's recorded Merge Request Hook, pointed at a seeded MR."""
-    fixture = json.loads(
-        (
-            shared_dir() / "fixtures" / "gitlab" / "merge_request_hook.open.gitlab_com.json"
-        ).read_text()
-    )
+def merge_request_hook(emulator: ForgeEmulator, number: int) -> ReviewRequest:
+    """A Merge Request Hook as GitLab sends it, pointed at a seeded MR."""
+    fixture = load_payload("gitlab/merge_request.open.json").payload
     pull = emulator.state.get_pull("gitlab", REPO, number)
     payload = build_gitlab_merge_request_event(
         fixture,
@@ -150,7 +145,7 @@ def real_merge_request_hook(emulator: ForgeEmulator, number: int) -> ReviewReque
 
 
 async def submitted_job(store: QueueStore, emulator: ForgeEmulator, clock: VirtualClock) -> int:
-    request = real_merge_request_hook(emulator, 7)
+    request = merge_request_hook(emulator, 7)
     book = load_policy_book(DEFAULT_POLICY_DIR)
     result = await store.submit_request(
         request, evaluate(book.policy_for(REPO), request), now=clock.now()

@@ -21,6 +21,7 @@ from bot.emulator import (
     build_github_pull_request_event,
     seed_issue_comment,
 )
+from bot.emulator.state import RequestLog
 from bot.forges.base import RetryPolicy
 from bot.forges.github import (
     GITHUB_ACCEPT,
@@ -40,6 +41,7 @@ from bot.review.planner import claim_and_plan_jobs
 from bot.review.poster import post_job_review
 from tests.conftest import shared_dir
 from tests.pipeline_helpers import SMELLY, forge_settings, run_all_chunks
+from tests.webhook_fixtures import load_payload
 
 REPO = "acme/shop"
 APP_ID = "4242"
@@ -85,11 +87,9 @@ def app_client(
     )
 
 
-def request_from_the_real_webhook(emulator: ForgeEmulator) -> ReviewRequest:
-    """octokit's recorded `pull_request.opened` (installation.id 1), pointed at a seeded PR."""
-    fixture = json.loads(
-        (shared_dir() / "fixtures" / "github" / "pull_request.opened.json").read_text()
-    )
+def request_from_the_webhook(emulator: ForgeEmulator) -> ReviewRequest:
+    """A `pull_request.opened` delivery (installation.id 1), pointed at a seeded PR."""
+    fixture = load_payload("github/pull_request.opened.json").payload
     pull = emulator.state.get_pull("github", REPO, 7)
     payload = build_github_pull_request_event(
         fixture,
@@ -101,7 +101,7 @@ def request_from_the_real_webhook(emulator: ForgeEmulator) -> ReviewRequest:
         additions=SMELLY.additions,
         deletions=SMELLY.deletions,
     )
-    assert payload["installation"]["id"] == 1  # as recorded, not set by the test
+    assert payload["installation"]["id"] == 1  # as delivered, not set by the test
     request = normalize_delivery(Delivery("github", "pull_request", "d-1", payload))
     assert isinstance(request, ReviewRequest)
     return request
@@ -114,7 +114,7 @@ async def test_the_installation_from_the_webhook_serves_planning_and_posting(
     installation holds the repository; the id the webhook carried is stored with the job."""
     emulator.state.add_pull("github", REPO, 7, files=[SMELLY], installation_id=1)
     emulator.state.installations["other/repo"] = 2
-    request = request_from_the_real_webhook(emulator)
+    request = request_from_the_webhook(emulator)
     book = load_policy_book(DEFAULT_POLICY_DIR)
     submitted = await store.submit_request(
         request, evaluate(book.policy_for(REPO), request), now=clock.now()
@@ -152,9 +152,10 @@ async def test_without_an_installation_id_github_is_asked_once_per_repository(
     assert {installation for installation, _ in emulator.state.issued_tokens.values()} == {3}
 
 
-async def test_every_request_sends_the_current_media_type_and_api_version(
+async def requests_of_a_round(
     emulator: ForgeEmulator, clock: VirtualClock, app_key: tuple[str, str]
-) -> None:
+) -> list[RequestLog]:
+    """What the App client sends GitHub for one of each call it makes, as the emulator saw it."""
     emulator.state.add_pull("github", REPO, 7, files=[SMELLY], installation_id=1)
     comment = seed_issue_comment(emulator.state, REPO, 7, user="octocat", body="/review status")
     async with aiohttp.ClientSession() as session:
@@ -166,7 +167,13 @@ async def test_every_request_sends_the_current_media_type_and_api_version(
         await client.get_permission(REPO, "octocat")
         await client.find_posted_review(REPO, 7, "<!-- none -->")
         assert await client.find_comment(REPO, 7, "<!-- none -->") is None
-    sent = emulator.state.requests
+    return list(emulator.state.requests)
+
+
+async def test_every_request_sends_the_current_media_type_and_api_version(
+    emulator: ForgeEmulator, clock: VirtualClock, app_key: tuple[str, str]
+) -> None:
+    sent = await requests_of_a_round(emulator, clock, app_key)
     assert {entry.route for entry in sent} >= {
         "github.access_token",
         "github.pull",
@@ -181,8 +188,14 @@ async def test_every_request_sends_the_current_media_type_and_api_version(
         (GITHUB_ACCEPT, GITHUB_API_VERSION)
     }
     assert all(entry.status < 400 for entry in sent)
-    # ...and every one is an operation GitHub's own API description documents.
+
+
+async def test_every_request_is_an_operation_github_documents(
+    emulator: ForgeEmulator, clock: VirtualClock, app_key: tuple[str, str]
+) -> None:
+    """The same round, against GitHub's own API description (../shared/openapi)."""
     spec = json.loads((shared_dir() / "openapi" / "github-rest-subset.json").read_text())
+    sent = await requests_of_a_round(emulator, clock, app_key)
     documented = [
         (method.upper(), re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$"))
         for path, operations in spec["paths"].items()

@@ -28,15 +28,12 @@ PATCH = """@@ -1,3 +1,6 @@
 FILES = [{"path": "tools/run.py", "patch": PATCH, "additions": 4, "deletions": 1}]
 
 
-def shared_dir() -> Path:
-    return Path(__file__).resolve().parents[1].parent / "shared"
+TRACE = Path(__file__).resolve().parent / "data" / "traces" / "morning-seed11.jsonl"
 
 
 def trace_requests(limit: int) -> tuple[float, list[dict[str, object]]]:
-    path = shared_dir() / "traces" / "morning-burst.jsonl"
-    if not path.exists():
-        pytest.skip(f"../shared is absent: {path} not found")
-    with path.open() as handle:
+    """The cost-model header and the first `limit` requests of a generated morning."""
+    with TRACE.open() as handle:
         header = json.loads(handle.readline())
         requests = [json.loads(handle.readline()) for _ in range(limit)]
     return float(header["overhead_s"]), requests

@@ -40,8 +40,8 @@ from bot.review.forge_side import ReviewPipeline
 from bot.review.prompts import build_messages
 from bot.review.quiet_post import QuietPosting
 from bot.sched.mlfq import ServiceEstimator
-from tests.conftest import shared_dir
 from tests.pipeline_helpers import emulator_forges, emulator_state, forge_settings, run_all_chunks
+from tests.webhook_fixtures import load_payload
 
 SECRET = "quiet-webhook-secret"
 GITLAB_SECRET = "quiet-gitlab-token"
@@ -88,14 +88,6 @@ UTILS = FileChange(
 )
 
 
-def load_fixture(forge: str, name: str) -> dict[str, Any]:
-    path = shared_dir() / "fixtures" / forge / name
-    if not path.exists():
-        pytest.skip(f"../shared is absent: {path} is needed")
-    loaded: dict[str, Any] = json.loads(path.read_text())
-    return loaded
-
-
 class QuietBot:
     """The web app on loopback plus the planner, model and quiet poster, driven step by step."""
 
@@ -123,7 +115,7 @@ class QuietBot:
             self.emulator.state, pull.repo, pull.number, user=pull.author, body=body
         )
         payload = build_github_issue_comment_event(
-            load_fixture("github", "issue_comment.created.on_pull_request.json"),
+            load_payload("github/issue_comment.created.json").payload,
             body=body,
             repo=pull.repo,
             number=pull.number,
@@ -152,7 +144,7 @@ class QuietBot:
                 else ("pull_request.synchronize.json")
             )
             payload = build_github_pull_request_event(
-                load_fixture("github", fixture),
+                load_payload(f"github/{fixture}").payload,
                 action=action,
                 repo=pull.repo,
                 number=pull.number,
@@ -179,12 +171,10 @@ class QuietBot:
             )
         else:
             fixture = (
-                "merge_request_hook.open.gitlab_com.json"
-                if action == "opened"
-                else "merge_request_hook.update.new_commits.json"
+                "merge_request.open.json" if action == "opened" else "merge_request.update.json"
             )
             payload = build_gitlab_merge_request_event(
-                load_fixture("gitlab", fixture),
+                load_payload(f"gitlab/{fixture}").payload,
                 action="open" if action == "opened" else "update",
                 repo=pull.repo,
                 project_id=pull.project_id,

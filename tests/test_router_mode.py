@@ -44,9 +44,9 @@ from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import MlfqSettings
 from bot.sim.forge import added_lines_patch, memory_forges
-from tests.conftest import shared_dir
 from tests.factories import decide, make_request
 from tests.serving import REPO_ROOT, free_port, start_serve, wait_until
+from tests.webhook_fixtures import load_payload
 
 ANSWER = json.dumps({"findings": [], "summary": "Nothing to report."})
 OBJECTIVES = "review-p0,review-p1,review-p2,review-p3"
@@ -445,9 +445,7 @@ async def test_the_dispatcher_reviews_through_the_router_one_review_per_server(
 async def test_bot_serve_in_router_mode_reviews_through_the_router(
     servers: list[StubServer], db_url: str
 ) -> None:
-    fixture = json.loads(
-        (shared_dir() / "fixtures" / "github" / "pull_request.opened.json").read_text()
-    )
+    fixture = load_payload("github/pull_request.opened.json").payload
     router = await router_over(servers, "header")
     state = EmulatorState()
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 
@@ -18,8 +17,8 @@ from bot.emulator import (
     send_webhook,
 )
 from bot.forges.base import SUMMARY_MARKER
-from tests.conftest import shared_dir
 from tests.serving import REPO_ROOT, free_port, start_serve, wait_until
+from tests.webhook_fixtures import load_payload
 
 SECRET = "serve-test-secret"
 
@@ -27,9 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 async def test_serve_all_reviews_a_pull_request_and_stops_cleanly(db_url: str) -> None:
-    fixture = json.loads(
-        (shared_dir() / "fixtures" / "github" / "pull_request.opened.json").read_text()
-    )
+    fixture = load_payload("github/pull_request.opened.json").payload
     state = EmulatorState()
     async with ForgeEmulator(state) as emulator:
         pull = state.add_pull(
