@@ -9,7 +9,7 @@ Each run, against one CPU vLLM server (scripts/vllm_cpu.sh, started here unless 
    format, through the bot's own review call), best of the sweep;
 2. bot: the same reviews through the whole bot (signed webhooks -> intake -> PostgreSQL ->
    dispatcher -> openai backend -> CPU vLLM -> poster -> forge emulator; the dispatcher role
-   wired by bot.serve.start_dispatcher, as `bot serve` runs it), all arriving at once,
+   started by bot.serve.run_role, as `bot serve` runs it), all arriving at once,
    with the engine's window fixed at 1, then adaptive; a P0 review (a change into a hotfix
    branch) is sent when half of the reviews are posted;
 3. the same P0 review alone on the idle server.
@@ -43,9 +43,7 @@ sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
-from aiohttp import web  # noqa: E402
 
-from bot.app import create_app  # noqa: E402
 from bot.clock import SystemClock  # noqa: E402
 from bot.config import (  # noqa: E402
     DatabaseSettings,
@@ -57,7 +55,7 @@ from bot.config import (  # noqa: E402
 )
 from bot.demo import SECRET, TOKEN, demo_files, load_demo_trace, send_request  # noqa: E402
 from bot.emulator import EmulatorState, ForgeEmulator  # noqa: E402
-from bot.engine_setup import served_line_budget  # noqa: E402
+from bot.engine_setup import ServedBudget, served_line_budget  # noqa: E402
 from bot.forges.base import RetryPolicy  # noqa: E402
 from bot.forges.registry import ForgeOptions, build_forges  # noqa: E402
 from bot.llm.openai_compat import OpenAICompatBackend  # noqa: E402
@@ -67,7 +65,7 @@ from bot.review.assemble import classify_skipped_file  # noqa: E402
 from bot.review.chunking import plan_chunks  # noqa: E402
 from bot.review.engine import review_chunk  # noqa: E402
 from bot.sched.dispatcher import DispatcherSettings  # noqa: E402
-from bot.serve import open_store, start_dispatcher  # noqa: E402
+from bot.serve import open_store, run_role  # noqa: E402
 from bot.sim.replay import fresh_database  # noqa: E402
 from bot.sim.trace import Trace, TraceRequest  # noqa: E402
 
@@ -294,34 +292,27 @@ async def drain_through_bot(
                     retry=RetryPolicy(attempts=4, base_delay_s=0.2), post_interval_s=0.0
                 ),
             )
-            app = create_app(settings, store=store, policies=policies, clock=clock)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            bot_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            stop = asyncio.Event()
-            # The dispatcher role as `bot serve` runs it: engine window, quiet posting,
-            # statuses, recovery and heartbeat.
-            dispatcher, tasks = start_dispatcher(
+            seen: set[tuple[str, str, int]] = set()
+            p0_sent: float | None = None
+            # The roles as `bot serve` runs them: engine window, quiet posting, statuses,
+            # recovery and heartbeat.
+            async with run_role(
+                "all",
                 settings,
-                store,
+                store=store,
                 forges=forges,
                 policies=policies,
-                backend=backend,
                 clock=clock,
-                stop=stop,
+                backend=backend,
                 dispatching=dataclasses.replace(
                     DispatcherSettings.from_scheduler(settings.scheduler, owner=f"bench-{mode}"),
                     maintenance_s=5.0,
                 ),
-                line_budget=line_budget,
-            )
-            pool = dispatcher.engines
-            seen: set[tuple[str, str, int]] = set()
-            p0_sent: float | None = None
-            try:
+                budget=ServedBudget(line_budget, settings.review.context_tokens),
+            ) as running:
+                pool = running.dispatcher.engines if running.dispatcher is not None else None
                 for request in reviews:
-                    await send_request(emulator, bot_url, request, seen)
+                    await send_request(emulator, running.url, request, seen)
                 while True:
                     jobs = await store.list_jobs(limit=5000)
                     finished = sum(job.state == JobState.DONE for job in jobs)
@@ -331,18 +322,11 @@ async def drain_through_bot(
                     )
                     if hotfix is not None and p0_sent is None and finished >= len(reviews) // 2:
                         p0_sent = time.monotonic()
-                        await send_request(emulator, bot_url, hotfix, seen)
+                        await send_request(emulator, running.url, hotfix, seen)
                         continue
                     if live == 0 and (hotfix is None or p0_sent is not None):
                         break
                     await asyncio.sleep(0.5)
-            finally:
-                dispatcher.stop()
-                stop.set()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                await runner.cleanup()
-                await forges.close()
-                await backend.close()
             posted = len(emulator.state.posted(kind="review")) + len(
                 emulator.state.posted(kind="note")
             )

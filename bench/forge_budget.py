@@ -36,25 +36,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import text
 
-from bot.app import create_app
 from bot.budget.decide import WriteValue
 from bot.budget.ledger import GITHUB_LIMITS, GITLAB_LIMITS, BudgetSettings, PostgresWriteBudget
 from bot.demo import ScaledClock, demo_settings, replay
 from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.limits import CONTENT_METHODS, NOT_CONTENT_ROUTES
-from bot.engine_setup import served_line_budget
+from bot.engine_setup import ServedBudget, served_line_budget
 from bot.forges.base import RetryPolicy
 from bot.forges.registry import ForgeOptions, build_forges
 from bot.llm.simulated import SimulatedBackend
 from bot.model import Forge, JobState, Level
 from bot.policy import load_policy_book
 from bot.sched.dispatcher import DispatcherSettings
-from bot.serve import open_store, start_dispatcher
+from bot.serve import open_store, run_role
 from bot.sim.trace import Trace, TraceShape, generate_trace
 
 APP_ID = "4242"
@@ -167,38 +165,23 @@ async def run_forge(url: str, forge: Forge, *, requests: int, speed: float, seed
             options=ForgeOptions(retry=RetryPolicy(attempts=6, base_delay_s=0.5)),
             budget=budget,
         )
-        app = create_app(settings, store=store, policies=policies, clock=clock, forges=forges)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        bot_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        stop = asyncio.Event()
-        dispatcher, tasks = start_dispatcher(
+        async with run_role(
+            "all",
             settings,
-            store,
+            store=store,
             forges=forges,
             policies=policies,
-            backend=backend,
             clock=clock,
-            stop=stop,
+            backend=backend,
             dispatching=replace(
                 DispatcherSettings.from_scheduler(settings.scheduler, owner="bench"),
                 maintenance_s=1.0,
             ),
-            line_budget=await served_line_budget(settings),
-        )
-        try:
-            answers = await replay(emulator, bot_url, trace, clock, speed=speed)
+            budget=ServedBudget(await served_line_budget(settings), settings.review.context_tokens),
+        ) as running:
+            answers = await replay(emulator, running.url, trace, clock, speed=speed)
             print(f"{forge}: webhooks answered {dict(Counter(answers))}", flush=True)
             await drained(store.engine, timeout_s=900.0)
-        finally:
-            dispatcher.stop()
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await runner.cleanup()
-            await forges.close()
-            await backend.close()
         run = await measure(store.engine, emulator.state, forge, clock, started)
     await store.close()
     return run

@@ -25,10 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from aiohttp import web
-
 from bot import devdb
-from bot.app import create_app
 from bot.clock import EPOCH
 from bot.config import (
     REPO_ROOT,
@@ -64,7 +61,7 @@ from bot.policy import load_policy_book
 from bot.queue.sql import monitoring as monitoring_sql
 from bot.queue.store import QueueStore
 from bot.sched.dispatcher import DispatcherSettings
-from bot.serve import open_store, start_dispatcher
+from bot.serve import open_store, run_role
 from bot.sim.trace import Trace, TraceRequest, generate_trace, head_sha_for, load_trace
 
 log = logging.getLogger(__name__)
@@ -331,50 +328,33 @@ async def run_bot_demo(
         # The dispatcher beats every heartbeat_s of wall time, which is `speed` times as many
         # seconds on the scaled clock the web process judges liveness by.
         scheduler = {"heartbeat_s": settings.scheduler.heartbeat_s * speed}
-        app = create_app(
-            settings.with_changes(scheduler=scheduler), store=store, policies=policies, clock=clock
-        )
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        bot_url = f"http://127.0.0.1:{port}"
-        say(f"bot: webhooks at {bot_url}/webhooks/{{github,gitlab}}; forges at {emulator.base_url}")
-        stop = asyncio.Event()
-        budget = await served_budget(settings)
-        # The dispatcher role exactly as `bot serve` runs it: quiet reviews, the status on
-        # each commit, recovery and heartbeat; maintenance (aging, lease reclaim) at trace pace.
-        dispatcher, tasks = start_dispatcher(
-            settings,
-            store,
+        # The roles exactly as `bot serve` runs them: quiet reviews, the status on each commit,
+        # recovery and heartbeat; maintenance (aging, lease reclaim) at trace pace.
+        async with run_role(
+            "all",
+            settings.with_changes(scheduler=scheduler),
+            store=store,
             forges=forges,
             policies=policies,
-            backend=backend,
             clock=clock,
-            stop=stop,
+            backend=backend,
             dispatching=replace(
                 DispatcherSettings.from_scheduler(settings.scheduler, owner="demo"),
                 maintenance_s=1.0,
             ),
-            line_budget=budget.line_budget,
-            context_tokens=budget.context_tokens,
-        )
-        try:
-            answers = await replay(emulator, bot_url, trace, clock, speed=speed)
+            budget=await served_budget(settings),
+        ) as running:
+            say(
+                f"bot: webhooks at {running.url}/webhooks/{{github,gitlab}}; "
+                f"forges at {emulator.base_url}"
+            )
+            answers = await replay(emulator, running.url, trace, clock, speed=speed)
             say(f"webhooks answered: {dict(Counter(answers))}")
             await drain(store, timeout_s=240.0)
             say("")
             say("pushing to three reviewed PRs again: a fix, a new file, a force-push...")
-            stories = await push_again(emulator, bot_url, await store.list_jobs(limit=5000))
+            stories = await push_again(emulator, running.url, await store.list_jobs(limit=5000))
             await drain(store, timeout_s=120.0)
-        finally:
-            dispatcher.stop()
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await runner.cleanup()
-            await forges.close()
-            await backend.close()
         elapsed = time.monotonic() - started
         await print_results(
             store, emulator, elapsed=elapsed, trace_s=clock.trace_seconds(), long_table=long_table

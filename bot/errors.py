@@ -23,6 +23,18 @@ class PolicyError(ConfigError):
         self.line = line
 
 
+class StartError(ReviewBotError):
+    """A part of a process did not start; the parts started before it were stopped again."""
+
+    def __init__(self, part: str, cause: BaseException) -> None:
+        # Our own errors say what to fix; anything else is named by its type too.
+        said = (
+            str(cause) if isinstance(cause, ReviewBotError) else f"{type(cause).__name__}: {cause}"
+        )
+        super().__init__(f"{part} did not start: {said}")
+        self.part = part
+
+
 class WebhookError(ReviewBotError):
     """A webhook delivery was refused; `status` is the HTTP status to answer."""
 

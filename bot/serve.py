@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from aiohttp import web
@@ -17,14 +20,15 @@ from bot.clock import Clock, SystemClock
 from bot.components import queue_settings, session_timeouts
 from bot.config import Settings, check_scheduler_settings
 from bot.db import is_database_unavailable, upgrade_database
-from bot.engine_setup import engine_pool_for, served_budget
+from bot.engine_setup import ServedBudget, engine_pool_for, served_budget
 from bot.errors import ConfigError, StoreError
 from bot.forges.registry import ForgeRegistry, budget_settings, build_forges, configured_forges
+from bot.lifecycle import Context, Process, closing, finish_loop, running
 from bot.llm.base import LLMBackend
 from bot.llm.factory import check_backend_choice, create_backend
 from bot.obs.metrics import Metrics, start_metrics_site
 from bot.outage import OutageWatch
-from bot.pipeline import build_pipeline
+from bot.pipeline import Pipeline, build_pipeline
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.forge_side import ReviewPipeline
@@ -74,89 +78,285 @@ def open_store(settings: Settings, *, pool_size: int | None = None) -> QueueStor
     )
 
 
-def start_dispatcher(
+@dataclass(frozen=True, slots=True)
+class RunningRole:
+    """A role's process once started: its web application and address, its dispatcher."""
+
+    process: Process
+    app: web.Application
+    url: str
+    dispatcher: Dispatcher | None
+
+
+class RoleParts:
+    """The contexts of one role's process (bot.lifecycle), in the order they start.
+
+    They stop in reverse: the dispatcher stops taking work and drains, recovery ends, the
+    posting claims are given up, the status publisher stops, the web server (with the alert
+    and command loops of its app) closes, the forges' clients close.
+    """
+
+    def __init__(
+        self,
+        role: Role,
+        settings: Settings,
+        *,
+        store: QueueStore,
+        forges: ForgeRegistry,
+        policies: PolicyBook,
+        clock: Clock,
+        host: str,
+        port: int,
+        backend: LLMBackend | None,
+        dispatching: DispatcherSettings | None,
+        budget: ServedBudget | None,
+        metrics: Metrics | None,
+    ) -> None:
+        self.role = role
+        self.settings = settings
+        self.store = store
+        self.forges = forges
+        self.policies = policies
+        self.clock = clock
+        self.host = host
+        self.port = port
+        self.backend = backend
+        self.dispatching = dispatching or DispatcherSettings.from_scheduler(
+            settings.scheduler,
+            owner=worker_name(),
+            outage_backoff_s=settings.database.outage_backoff_s,
+        )
+        self.budget = budget
+        self.metrics = metrics
+        self.app: web.Application | None = None
+        self.url = ""
+        self.pipeline: Pipeline | None = None
+
+    def contexts(self) -> list[Context]:
+        """What the role runs: the web server always (a dispatcher alone answers health
+        checks and scrapes), the dispatcher and its loops in dispatcher roles."""
+        contexts: list[Context] = [closing("forges", self.forges.close), self.web_server]
+        if self.settings.web.metrics_port is not None:
+            contexts.append(self.metrics_server)
+        if self.role in ("dispatcher", "all"):
+            contexts += [self.llm_backend, self.review_pipeline]
+            if self.settings.status.enabled and self.forges:
+                contexts.append(self.status_publisher)
+            contexts += [self.posting_claims, self.recovery, self.dispatcher]
+        return contexts
+
+    def _pipeline(self) -> Pipeline:
+        if self.pipeline is None:
+            raise RuntimeError("the review pipeline is not built yet")
+        return self.pipeline
+
+    async def web_server(self, process: Process) -> AsyncIterator[None]:
+        """Webhooks, dashboard, health and metrics on host:port."""
+        if self.role in ("web", "all"):
+            app = create_app(
+                self.settings,
+                store=self.store,
+                policies=self.policies,
+                clock=self.clock,
+                forges=self.forges,
+                metrics=self.metrics,
+            )
+        else:
+            app = create_worker_app(
+                self.store,
+                metrics=self.metrics or Metrics(),
+                clock=self.clock,
+                settings=self.settings,
+                draining=process.stopping.is_set,
+            )
+        runner = web.AppRunner(app, access_log=None)
+        try:
+            await runner.setup()  # starts the app's own cleanup_ctx loops (alerts, commands)
+            await web.TCPSite(runner, self.host, self.port, backlog=1024).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self.app = app
+        self.url = f"http://{self.host}:{runner.addresses[0][1]}"
+        if self.role in ("web", "all"):
+            log.info(
+                "webhooks at %s/webhooks/{github,gitlab}", self.url, extra={"action": "serve_web"}
+            )
+        yield
+        await runner.cleanup()
+
+    async def metrics_server(self, process: Process) -> AsyncIterator[None]:
+        """/metrics on a port of its own (REVIEW_BOT_METRICS_PORT)."""
+        if self.app is None or self.settings.web.metrics_port is None:
+            raise RuntimeError("the metrics server needs the web server and a port")
+        runner = await start_metrics_site(
+            self.app, host=self.host, port=self.settings.web.metrics_port
+        )
+        yield
+        await runner.cleanup()
+
+    async def llm_backend(self, process: Process) -> AsyncIterator[None]:
+        """The LLM backend the settings name, unless one was given; closed either way."""
+        if self.backend is None:
+            self.backend = create_backend(self.settings)
+        backend = self.backend
+        yield
+        await backend.close()
+
+    async def review_pipeline(self, process: Process) -> AsyncIterator[None]:
+        """The dispatcher and its forge side, through the factory `bot simulate` uses too.
+
+        Chunks are sized to the served model (`served_budget`) unless a budget was given.
+        """
+        budget = self.budget
+        if budget is None:
+            try:
+                budget = await served_budget(self.settings)
+            except ValueError as exc:
+                raise ConfigError(f"REVIEW_BOT_LLM_URLS: {exc}") from exc
+        if self.backend is None:
+            raise RuntimeError("the review pipeline needs the LLM backend")
+        settings = self.settings
+        lease_s = settings.scheduler.lease_s
+        self.pipeline = build_pipeline(
+            self.store,
+            forges=self.forges,
+            policies=self.policies,
+            backend=self.backend,
+            clock=self.clock,
+            dispatcher=self.dispatching,
+            planning=PlanningSettings(
+                lease_s=lease_s,
+                line_budget=budget.line_budget,
+                context_tokens=budget.context_tokens,
+            ),
+            posting=PostingSettings(lease_s=lease_s),
+            metrics=self.metrics,
+            quiet=quiet_posting(settings, self.store),
+            # One window of chunks per LLM server (plain slots for the simulated backend).
+            engines=engine_pool_for(
+                settings, self.backend, now=self.clock.now(), metrics=self.metrics
+            ),
+            answer_tokens=settings.llm.max_tokens,
+        )
+        yield
+
+    async def status_publisher(self, process: Process) -> AsyncIterator[None]:
+        """Check runs and commit statuses; it stops after the drain, so the statuses of
+        what finished during the grace are written."""
+        stop = asyncio.Event()
+        publisher = status_publisher(
+            self.settings, self.store, self.forges, self._pipeline().dispatcher
+        )
+        task = process.start_loop(
+            publisher.run(stop, database_url=self.settings.database.url), name="status-publisher"
+        )
+        yield
+        stop.set()
+        await finish_loop(task)
+
+    async def posting_claims(self, process: Process) -> AsyncIterator[None]:
+        """Renew the posting claims while reviews are posted; once the dispatcher has drained
+        (a review posted during the grace keeps its claim), give up the planning and posting
+        claims still held."""
+        reviews = self._pipeline().reviews
+        stop = asyncio.Event()
+        task = process.start_loop(
+            reviews.run_heartbeat(self.clock, interval_s=self.dispatching.heartbeat_s, stop=stop),
+            name="posting-heartbeat",
+        )
+        yield
+        stop.set()
+        await finish_loop(task)
+        await release_claims(reviews)
+
+    async def recovery(self, process: Process) -> AsyncIterator[None]:
+        """Post what a dead process left unposted. It stops taking over at once when the
+        process is stopping, and follows the lease: it looks for expired claims as often as
+        the heartbeat renews live ones."""
+        task = process.start_loop(
+            self._pipeline().reviews.run_recovery(
+                self.clock,
+                interval_s=self.dispatching.heartbeat_s,
+                stop=process.stopping,
+                outage_backoff_s=self.settings.database.outage_backoff_s,
+            ),
+            name="recovery",
+        )
+        yield
+        await finish_loop(task)
+
+    async def dispatcher(self, process: Process) -> AsyncIterator[None]:
+        """The dispatch loop; on the way out it stops taking work and drains (running chunks
+        finish within REVIEW_BOT_SHUTDOWN_GRACE_S, the rest are handed back)."""
+        dispatcher = self._pipeline().dispatcher
+        task = process.start_loop(
+            dispatcher.run(database_url=self.settings.database.url), name="dispatcher"
+        )
+        log.info(
+            "dispatcher %s with %d slots on the %s backend%s",
+            dispatcher.settings.owner,
+            dispatcher.total_slots,
+            self.settings.llm.backend,
+            ""
+            if dispatcher.engines is None
+            else f" ({len(dispatcher.engines.engines)} engines with adaptive windows)",
+            extra={"action": "serve_dispatcher"},
+        )
+        yield
+        dispatcher.stop()
+        await finish_loop(task)
+
+
+@contextlib.asynccontextmanager
+async def run_role(
+    role: Role,
     settings: Settings,
-    store: QueueStore,
     *,
+    store: QueueStore,
     forges: ForgeRegistry,
     policies: PolicyBook,
-    backend: LLMBackend,
     clock: Clock,
-    stop: asyncio.Event,
-    dispatching: DispatcherSettings,
-    line_budget: int,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    backend: LLMBackend | None = None,
+    dispatching: DispatcherSettings | None = None,
+    budget: ServedBudget | None = None,
     metrics: Metrics | None = None,
-    context_tokens: int | None = None,
-) -> tuple[Dispatcher, list[asyncio.Task[None]]]:
-    """The dispatcher role's pipeline and its loops, as `bot serve` runs them (the demo too).
+    stopping: asyncio.Event | None = None,
+    first: Sequence[Context] = (),
+) -> AsyncIterator[RunningRole]:
+    """Run a role's process (web, dispatcher or all) as `bot serve` runs it, the demo and the
+    benchmarks too; stop it on the way out (see RoleParts).
 
-    Chunks hold up to `line_budget` diff lines and `context_tokens` of pull request text and
-    code context (None: the configured REVIEW_BOT_CONTEXT_TOKENS); `served_budget` sizes both.
-
-    Returns the dispatcher and its tasks: the dispatch loop, recovery of expired claims,
-    the heartbeat and, where forges are configured, the status publisher. They end on `stop`
-    (the dispatch loop on `dispatcher.stop()`).
+    `first` are the caller's own contexts, started before the role's and stopped after them.
+    The role closes `forges` and the backend (given, or made from the settings), not `store`.
+    The dispatcher's lease heartbeat, recovery and posting claims beat every
+    `dispatching.heartbeat_s`. Raises StartError when a part does not start.
     """
-    lease_s = settings.scheduler.lease_s
-    pipeline = build_pipeline(
-        store,
+    parts = RoleParts(
+        role,
+        settings,
+        store=store,
         forges=forges,
         policies=policies,
-        backend=backend,
         clock=clock,
-        dispatcher=dispatching,
-        planning=PlanningSettings(
-            lease_s=lease_s,
-            line_budget=line_budget,
-            context_tokens=settings.review.context_tokens
-            if context_tokens is None
-            else context_tokens,
-        ),
-        posting=PostingSettings(lease_s=lease_s),
+        host=host,
+        port=port,
+        backend=backend,
+        dispatching=dispatching,
+        budget=budget,
         metrics=metrics,
-        quiet=quiet_posting(settings, store),
-        # One window of chunks per LLM server (plain slots for the simulated backend).
-        engines=engine_pool_for(settings, backend, now=clock.now(), metrics=metrics),
-        answer_tokens=settings.llm.max_tokens,
     )
-    dispatcher = pipeline.dispatcher
-    heartbeat_s = settings.scheduler.heartbeat_s
-    # Posting claims are renewed until the dispatcher has drained: a review being posted
-    # during the grace keeps its claim; what is left is given up after.
-    drained = asyncio.Event()
-
-    async def dispatch() -> None:
-        try:
-            await dispatcher.run(database_url=settings.database.url)
-        finally:
-            drained.set()
-            await release_claims(pipeline.reviews)
-
-    tasks = [
-        asyncio.create_task(dispatch()),
-        # Taking over a dead process's reviews follows the lease: the recovery pass looks for
-        # expired claims as often as the heartbeat renews live ones.
-        asyncio.create_task(
-            pipeline.reviews.run_recovery(
-                clock,
-                interval_s=heartbeat_s,
-                stop=stop,
-                outage_backoff_s=settings.database.outage_backoff_s,
-            )
-        ),
-        asyncio.create_task(
-            pipeline.reviews.run_heartbeat(clock, interval_s=heartbeat_s, stop=drained)
-        ),
-    ]
-    if settings.status.enabled and forges:
-        tasks.append(
-            asyncio.create_task(
-                status_publisher(settings, store, forges, dispatcher).run(
-                    stop, database_url=settings.database.url
-                )
-            )
+    async with running([*first, *parts.contexts()], stopping=stopping) as process:
+        if parts.app is None:
+            raise RuntimeError("the web server did not start")
+        yield RunningRole(
+            process,
+            parts.app,
+            parts.url,
+            None if parts.pipeline is None else parts.pipeline.dispatcher,
         )
-    return dispatcher, tasks
 
 
 async def release_claims(reviews: ReviewPipeline) -> None:
@@ -240,95 +440,18 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signal_number, stop.set)
-
-    metrics = Metrics()
-    runner: web.AppRunner | None = None
-    metrics_runner: web.AppRunner | None = None
-    backend: LLMBackend | None = None
-    dispatcher: Dispatcher | None = None
-    background: list[asyncio.Task[None]] = []
-    try:
-        if role in ("web", "all"):
-            app = create_app(
-                settings,
-                store=store,
-                policies=policies,
-                clock=clock,
-                forges=forges,
-                metrics=metrics,
-            )
-        else:  # a dispatcher alone still answers health checks and scrapes
-            app = create_worker_app(
-                store, metrics=metrics, clock=clock, settings=settings, draining=stop.is_set
-            )
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, host, port, backlog=1024).start()
-        if settings.web.metrics_port is not None:
-            metrics_runner = await start_metrics_site(
-                app, host=host, port=settings.web.metrics_port
-            )
-        if role in ("web", "all"):
-            log.info(
-                "webhooks at http://%s:%s/webhooks/{github,gitlab}",
-                host,
-                port,
-                extra={"action": "serve_web"},
-            )
-        if role in ("dispatcher", "all"):
-            backend = create_backend(settings)
-            try:
-                budget = await served_budget(settings)
-            except ValueError as exc:
-                raise ConfigError(f"REVIEW_BOT_LLM_URLS: {exc}") from exc
-            dispatcher, tasks = start_dispatcher(
-                settings,
-                store,
-                forges=forges,
-                policies=policies,
-                backend=backend,
-                clock=clock,
-                stop=stop,
-                dispatching=DispatcherSettings.from_scheduler(
-                    settings.scheduler,
-                    owner=worker_name(),
-                    outage_backoff_s=settings.database.outage_backoff_s,
-                ),
-                line_budget=budget.line_budget,
-                context_tokens=budget.context_tokens,
-                metrics=metrics,
-            )
-            background += tasks
-            log.info(
-                "dispatcher %s with %d slots on the %s backend%s",
-                dispatcher.settings.owner,
-                dispatcher.total_slots,
-                settings.llm.backend,
-                ""
-                if dispatcher.engines is None
-                else f" ({len(dispatcher.engines.engines)} engines with adaptive windows)",
-                extra={"action": "serve_dispatcher"},
-            )
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopped, *background], return_when=asyncio.FIRST_COMPLETED)
-        for task in background:
-            failure = task.exception() if task.done() else None
-            if failure is not None:
-                raise failure
+    async with run_role(
+        role,
+        settings,
+        store=store,
+        forges=forges,
+        policies=policies,
+        clock=clock,
+        host=host,
+        port=port,
+        metrics=Metrics(),
+        stopping=stop,
+        first=[closing("database", store.close)],
+    ) as running_role:
+        await running_role.process.wait()
         log.info("stopping", extra={"action": "serve_stop"})
-    finally:
-        stop.set()
-        if dispatcher is not None:
-            dispatcher.stop()
-        results = await asyncio.gather(*background, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                log.error("background task failed: %r", result, extra={"action": "serve_error"})
-        if runner is not None:
-            await runner.cleanup()
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        await forges.close()
-        if backend is not None:
-            await backend.close()
-        await store.close()

@@ -21,15 +21,30 @@ BOT = REPO / "bot"
 BUILT_BY_THE_FACTORY = {"Dispatcher", "ReviewPipeline"}
 # The entry points that build a pipeline: serve and the replay behind `bot simulate`.
 ENTRY_POINTS = ("serve.py", "sim/replay.py")
-# What runs the dispatcher role as `bot serve` does (quiet posting, statuses, engine windows,
-# recovery, heartbeat), through the one function serve runs it with.
-SERVED_ROLE = (BOT / "serve.py", BOT / "demo.py", REPO / "bench" / "engine_throughput.py")
+# What runs the roles as `bot serve` does (quiet posting, statuses, engine windows, recovery,
+# heartbeat), through the one function serve runs them with.
+SERVED_ROLE = (
+    BOT / "serve.py",
+    BOT / "demo.py",
+    REPO / "bench" / "engine_throughput.py",
+    REPO / "bench" / "forge_budget.py",
+)
+# What a hand-written start and stop sequence calls: run_role's contexts do it instead.
+STARTED_BY_HAND = {"AppRunner", "TCPSite", "create_task", "start_metrics_site", "create_app"}
 
 
-def _calls(path: Path) -> list[str]:
-    """Names of everything called in a module (`f(...)` and `module.f(...)`)."""
+def _calls(path: Path, *, within: str | None = None) -> list[str]:
+    """Names of everything called in a module (`f(...)` and `module.f(...)`), or in its
+    function named `within`."""
+    tree: ast.AST = ast.parse(path.read_text(encoding="utf-8"))
+    if within is not None:
+        [tree] = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == within
+        ]
     names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Name):
                 names.append(node.func.id)
@@ -55,8 +70,9 @@ def test_serve_and_simulate_build_through_the_factory(entry_point: str) -> None:
 
 @pytest.mark.parametrize("module", SERVED_ROLE, ids=lambda path: path.name)
 def test_serve_the_demo_and_the_engine_benchmark_run_one_dispatcher_role(module: Path) -> None:
-    calls = _calls(module)
-    assert "start_dispatcher" in calls
+    calls = _calls(module, within="serve" if module.name == "serve.py" else None)
+    assert "run_role" in calls
+    assert STARTED_BY_HAND & set(calls) == set()
     if module.name != "serve.py":
         assert "build_pipeline" not in calls
 

@@ -489,10 +489,16 @@ def create_metrics_app(source: web.Application) -> web.Application:
 
 
 async def start_metrics_site(source: web.Application, *, host: str, port: int) -> web.AppRunner:
-    """Serve `source`'s /metrics on a port of its own; the caller cleans the runner up."""
+    """Serve `source`'s /metrics on a port of its own; the caller cleans the runner up.
+
+    Raises OSError when the port cannot be bound."""
     runner = web.AppRunner(create_metrics_app(source), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()  # the port is taken: nothing half started is left behind
+        raise
     log.info("metrics at http://%s:%s/metrics", host, port, extra={"action": "serve_metrics"})
     return runner
 
