@@ -204,6 +204,10 @@ class Job:
     # The attempt numbers of the job's planning and posting claims (fencing tokens).
     planning_attempt: int = 0
     posting_attempt: int = 0
+    # After a failed planning or posting try: when the next may start, how many failed.
+    retry_at: datetime | None = None
+    planning_failures: int = 0
+    posting_failures: int = 0
 
 
 @dataclass(slots=True)

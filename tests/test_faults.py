@@ -671,7 +671,7 @@ async def test_a_web_process_paused_with_command_replies_on_the_wire_replies_onc
         async def reply_on_the_wire() -> bool:
             rows = await _fetch(
                 db_url,
-                "SELECT id, detail->>'claimed_by' AS owner FROM webhook_deliveries"
+                "SELECT id, claimed_by AS owner FROM webhook_deliveries"
                 " WHERE outcome = 'command_running'",
             )
             replied = {
@@ -699,7 +699,7 @@ async def test_a_web_process_paused_with_command_replies_on_the_wire_replies_onc
             rows = await _fetch(
                 db_url,
                 "SELECT count(*) AS n FROM webhook_deliveries WHERE event = 'issue_comment'"
-                " AND detail->>'claimed_by' LIKE $1",
+                " AND claimed_by LIKE $1",
                 f"commands-{survivor.process.pid}-%",
             )
             return int(rows[0]["n"]) == 1

@@ -6,13 +6,14 @@ import asyncio
 import json
 import os
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import asyncpg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from bot.commands.inbox import CommandInbox
 from bot.db import (
     MIGRATION_LOCK_KEY,
     async_url,
@@ -21,6 +22,7 @@ from bot.db import (
     upgrade_database,
 )
 from bot.queue.schema import metadata
+from bot.queue.store import QueueSettings, QueueStore
 
 TABLES = {"review_jobs", "review_chunks", "webhook_deliveries", "job_history"}
 
@@ -154,6 +156,100 @@ async def test_fencing_migrations_keep_claims_in_flight(db_url: str) -> None:
         )
         assert request["posting_by"] == "poster-1" and request["title"] == "kept"
         assert datetime.fromisoformat(request["posting_until"]) == row["posting_until"]
+        await upgrade_database(db_url)
+    finally:
+        await conn.close()
+
+
+async def test_retry_column_migrations_keep_state_in_flight(db_url: str) -> None:
+    """Retry times, failed tries and command claims held while 0025/0026 run move from the
+    jsonb into columns, are read from there by the store, and go back on a downgrade."""
+    await downgrade_database(db_url, "0024_review_costs")
+    conn = await asyncpg.connect(plain_url(db_url))
+    retry_at = datetime.fromisoformat("2026-12-04T18:00:00+00:00")
+    try:
+        job_id = await conn.fetchval(
+            """
+            INSERT INTO review_jobs (forge, repo, number, head_sha, base_level, level, state,
+                                     dedupe_key, enqueued_at, last_progress_at, request)
+            VALUES ('github', 'acme/shop', 1, 'abc', 2, 2, 'queued', 'k1', now(), now(),
+                    jsonb_build_object('retry_at', '2026-12-04T18:00:00+00:00',
+                                       'planning_attempts', 2, 'title', 'kept'))
+            RETURNING id
+            """
+        )
+        claimed = await conn.fetchval(
+            """
+            INSERT INTO webhook_deliveries (delivery_id, forge, event, received_at, outcome,
+                                            detail)
+            VALUES ('d-1', 'github', 'issue_comment', '2026-12-04T17:00:00+00:00',
+                    'command_running',
+                    jsonb_build_object('claimed_by', 'commands-1',
+                                       'claimed_at', '2026-12-04T17:00:05+00:00',
+                                       'attempts', 3, 'repo', 'acme/shop'))
+            RETURNING id
+            """
+        )
+        deferred = await conn.fetchval(
+            """
+            INSERT INTO webhook_deliveries (delivery_id, forge, event, received_at, outcome,
+                                            detail)
+            VALUES ('d-2', 'github', 'issue_comment', '2026-12-04T17:00:00+00:00',
+                    'command_reply_pending',
+                    jsonb_build_object('claimed_by', 'commands-1', 'attempts', 1,
+                                       'retry_at', '2026-12-04T18:00:00+00:00',
+                                       'outbox', jsonb_build_array()))
+            RETURNING id
+            """
+        )
+        await upgrade_database(db_url, "0025_retry_columns")
+        job = await conn.fetchrow("SELECT * FROM review_jobs WHERE id = $1", job_id)
+        assert (job["retry_at"], job["planning_failures"], job["posting_failures"]) == (
+            retry_at,
+            2,
+            0,
+        )
+        row = await conn.fetchrow("SELECT * FROM webhook_deliveries WHERE id = $1", claimed)
+        assert (row["claimed_by"], row["claim_attempt"], row["retry_at"]) == ("commands-1", 3, None)
+        assert row["claimed_at"] == datetime.fromisoformat("2026-12-04T17:00:05+00:00")
+        row = await conn.fetchrow("SELECT * FROM webhook_deliveries WHERE id = $1", deferred)
+        assert (row["claim_attempt"], row["retry_at"]) == (1, retry_at)
+        await upgrade_database(db_url)
+        request = json.loads(
+            await conn.fetchval("SELECT request FROM review_jobs WHERE id = $1", job_id)
+        )
+        assert request == {"title": "kept"}
+        detail = json.loads(
+            await conn.fetchval("SELECT detail FROM webhook_deliveries WHERE id = $1", claimed)
+        )
+        assert detail == {"repo": "acme/shop"}
+
+        store = QueueStore.from_url(db_url, settings=QueueSettings(notify=False))
+        try:
+            early = await store.fetch_unplanned_jobs(now=retry_at - timedelta(seconds=1))
+            [due] = await store.fetch_unplanned_jobs(now=retry_at)
+            assert not early and due.id == job_id and due.planning_failures == 2
+            taken = await CommandInbox(store).claim_pending_commands(
+                owner="commands-2", now=retry_at, limit=10, lease_s=60, max_age_s=86400
+            )
+            assert {(item.id, item.attempts) for item in taken} == {(claimed, 4), (deferred, 2)}
+        finally:
+            await store.close()
+
+        await downgrade_database(db_url, "0024_review_costs")
+        request = json.loads(
+            await conn.fetchval("SELECT request FROM review_jobs WHERE id = $1", job_id)
+        )
+        assert request["planning_attempts"] == 2 and request["title"] == "kept"
+        assert datetime.fromisoformat(request["retry_at"]) == retry_at
+        detail = json.loads(
+            await conn.fetchval("SELECT detail FROM webhook_deliveries WHERE id = $1", claimed)
+        )
+        assert (detail["claimed_by"], detail["attempts"], detail["repo"]) == (
+            "commands-2",
+            4,
+            "acme/shop",
+        )
         await upgrade_database(db_url)
     finally:
         await conn.close()

@@ -17,7 +17,7 @@ from bot.queue.store import QueueStore
 # it); a worker's claim makes it 'command_running', and then it becomes one of these.
 DONE_OUTCOME = "command_done"
 FAILED_OUTCOME = "command_failed"
-# The commands ran; their reply and reactions wait for the forge until detail->>'retry_at'.
+# The commands ran; their reply and reactions wait for the forge until the delivery's retry_at.
 REPLY_PENDING_OUTCOME = "command_reply_pending"
 
 
@@ -30,10 +30,8 @@ class ClaimedDelivery:
     forge: str
     received_at: datetime
     detail: Mapping[str, Any]
-
-    @property
-    def attempts(self) -> int:
-        return int(self.detail.get("attempts") or 1)
+    # This claim's attempt (the deliveries' claim_attempt): it fences the attempts before it.
+    attempts: int = 1
 
 
 # The parser turns `/review priority p0` into an error text; the worker makes it a command again
@@ -111,6 +109,7 @@ class CommandInbox:
                 forge=row.forge,
                 received_at=row.received_at,
                 detail=row.detail or {},
+                attempts=int(row.claim_attempt),
             )
             for row in sorted(rows, key=lambda row: row.id)
         ]
@@ -180,7 +179,6 @@ class CommandInbox:
         deferred: dict[str, Any] = {
             "outbox": list(outbox),
             "outbox_tries": tries,
-            "retry_at": retry_at.isoformat(),
             "outbox_error": error,
         }
         if reply_id is not None:
@@ -191,6 +189,7 @@ class CommandInbox:
                 "id": delivery.id,
                 "owner": owner,
                 "attempt": delivery.attempts,
+                "retry_at": retry_at,
                 "deferred": json.dumps(deferred),
             },
         )

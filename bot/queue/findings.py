@@ -183,7 +183,7 @@ class FindingStore:
 
     async def plan_later(self, job_id: int, *, retry_at: datetime) -> None:
         """Release an unplanned job's planning claim until `retry_at`, counting no attempt."""
-        await self._rows(sql.PLAN_LATER, {"job_id": job_id, "retry_at": retry_at.isoformat()})
+        await self._rows(sql.PLAN_LATER, {"job_id": job_id, "retry_at": retry_at})
 
     async def last_reviewed(self, pull: PullRef, *, job_id: int) -> ReviewedHead | None:
         """The newest posted review of the pull request other than `job_id`'s."""

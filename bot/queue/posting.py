@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Literal
 
 from bot.model import Job
 from bot.queue.base import StorePart
@@ -94,7 +95,7 @@ class PostingClaims(StorePart):
         now: datetime,
         retry_at: datetime,
         error: str,
-        kind: str,
+        kind: Literal["planning", "posting"],
         fence: Fence | None = None,
     ) -> int | None:
         """Count a failed `kind` try (planning, posting) and set its retry time.
@@ -109,8 +110,8 @@ class PostingClaims(StorePart):
                     {
                         "job_id": job_id,
                         "error": error[:4000],
-                        "retry_at": retry_at.isoformat(),
-                        "counter": f"{kind}_attempts",
+                        "retry_at": retry_at,
+                        "kind": kind,
                         **(fence.params if fence is not None else NO_FENCE),
                     },
                 )

@@ -139,6 +139,9 @@ def job_from_row(row: Row[Any]) -> Job:
         request=data["request"] or {},
         planning_attempt=int(data.get("planning_attempt") or 0),
         posting_attempt=int(data.get("posting_attempt") or 0),
+        retry_at=data.get("retry_at"),
+        planning_failures=int(data.get("planning_failures") or 0),
+        posting_failures=int(data.get("posting_failures") or 0),
     )
 
 

@@ -96,6 +96,10 @@ review_jobs = Table(
     Column("posting_by", Text),
     Column("posting_until", DateTime(timezone=True)),
     Column("posting_attempt", Integer, nullable=False, server_default="0"),
+    # After a failed planning or posting try: when the next may start, and how many failed.
+    Column("retry_at", DateTime(timezone=True)),
+    Column("planning_failures", Integer, nullable=False, server_default="0"),
+    Column("posting_failures", Integer, nullable=False, server_default="0"),
     CheckConstraint(_in_list("state", JOB_STATES), name="state"),
     CheckConstraint("base_level BETWEEN 0 AND 3 AND level BETWEEN 0 AND 3", name="level"),
     UniqueConstraint("dedupe_key"),
@@ -190,6 +194,12 @@ webhook_deliveries = Table(
     Column("outcome", Text, nullable=False),
     Column("detail", JSONB),
     Column("job_id", BigInteger),
+    # A command delivery's claim (the worker holding it, renewed at, the attempt that fences
+    # it) and when its deferred reply is tried again.
+    Column("claimed_by", Text),
+    Column("claimed_at", DateTime(timezone=True)),
+    Column("claim_attempt", Integer, nullable=False, server_default="0"),
+    Column("retry_at", DateTime(timezone=True)),
     UniqueConstraint("delivery_id"),
     Index("ix_webhook_deliveries_received_at", "received_at"),
 )

@@ -55,7 +55,7 @@ async def defer_or_fail(
     context = {"job_id": job.id, "forge": job.forge}
     prefix = _ACTION_PREFIX[stage]
     if may_pass_later(error):
-        tries = int(job.request.get(f"{stage}_attempts") or 0) + 1
+        tries = (job.planning_failures if stage == "planning" else job.posting_failures) + 1
         if tries < budget.max_attempts:
             delay = retry_delay(tries, error, budget)
             recorded = await store.defer_job(

@@ -11,24 +11,19 @@ from bot.queue.sql import statement
 CLAIM_PENDING_COMMANDS = statement(
     """
     UPDATE webhook_deliveries d
-    SET outcome = 'command_running',
-        detail = COALESCE(d.detail, '{}'::jsonb) || jsonb_build_object(
-            'claimed_by', CAST(:owner AS text),
-            'claimed_at', CAST(:now AS timestamptz),
-            'attempts', COALESCE(CAST(d.detail->>'attempts' AS int), 0) + 1)
+    SET outcome = 'command_running', claimed_by = :owner, claimed_at = :now,
+        claim_attempt = d.claim_attempt + 1
     WHERE d.id IN (
         SELECT id FROM webhook_deliveries
         WHERE received_at >= :since
           AND (outcome IN ('command', 'command_pending')
-               OR (outcome = 'command_running'
-                   AND CAST(detail->>'claimed_at' AS timestamptz) < :stale_before)
-               OR (outcome = 'command_reply_pending'
-                   AND CAST(detail->>'retry_at' AS timestamptz) <= :now))
+               OR (outcome = 'command_running' AND claimed_at < :stale_before)
+               OR (outcome = 'command_reply_pending' AND retry_at <= :now))
         ORDER BY id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING d.id, d.delivery_id, d.forge, d.received_at, d.detail
+    RETURNING d.id, d.delivery_id, d.forge, d.received_at, d.detail, d.claim_attempt
     """
 )
 
@@ -38,8 +33,8 @@ MARK_COMMAND_DONE = statement(
     UPDATE webhook_deliveries
     SET outcome = :outcome, job_id = COALESCE(:job_id, job_id),
         detail = COALESCE(detail, '{}'::jsonb) || CAST(:result AS jsonb)
-    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
-      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
+    WHERE id = :id AND outcome = 'command_running' AND claimed_by = :owner
+      AND claim_attempt = :attempt
     RETURNING id
     """
 )
@@ -51,8 +46,8 @@ SAVE_OUTBOX = statement(
     UPDATE webhook_deliveries
     SET job_id = COALESCE(:job_id, job_id),
         detail = COALESCE(detail, '{}'::jsonb) || CAST(:saved AS jsonb)
-    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
-      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
+    WHERE id = :id AND outcome = 'command_running' AND claimed_by = :owner
+      AND claim_attempt = :attempt
     RETURNING id
     """
 )
@@ -61,10 +56,10 @@ SAVE_OUTBOX = statement(
 DEFER_OUTBOX = statement(
     """
     UPDATE webhook_deliveries
-    SET outcome = 'command_reply_pending',
+    SET outcome = 'command_reply_pending', retry_at = :retry_at,
         detail = COALESCE(detail, '{}'::jsonb) || CAST(:deferred AS jsonb)
-    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
-      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
+    WHERE id = :id AND outcome = 'command_running' AND claimed_by = :owner
+      AND claim_attempt = :attempt
     RETURNING id
     """
 )
@@ -74,19 +69,19 @@ DEFER_OUTBOX = statement(
 RENEW_CLAIMS = statement(
     """
     UPDATE webhook_deliveries
-    SET detail = detail || jsonb_build_object('claimed_at', CAST(:now AS timestamptz))
+    SET claimed_at = :now
     WHERE id = ANY(CAST(:ids AS bigint[])) AND outcome = 'command_running'
-      AND detail->>'claimed_by' = :owner
+      AND claimed_by = :owner
     """
 )
 
-# Whether a claim attempt still holds the delivery: each claim counts an attempt (detail's
-# `attempts`), which fences the attempt before it; checked right before each forge write.
+# Whether a claim attempt still holds the delivery: each claim counts an attempt
+# (claim_attempt), which fences the attempt before it; checked right before each forge write.
 CLAIM_HELD = statement(
     """
     SELECT 1 FROM webhook_deliveries
-    WHERE id = :id AND outcome = 'command_running' AND detail->>'claimed_by' = :owner
-      AND COALESCE(CAST(detail->>'attempts' AS int), 1) = :attempt
+    WHERE id = :id AND outcome = 'command_running' AND claimed_by = :owner
+      AND claim_attempt = :attempt
     """
 )
 

@@ -94,8 +94,7 @@ SELECT_REVIEW_UNDERWAY = statement(
 PLAN_LATER = statement(
     """
     UPDATE review_jobs
-    SET request = request || jsonb_build_object('retry_at', CAST(:retry_at AS text)),
-        planning_until = NULL
+    SET retry_at = :retry_at, planning_until = NULL
     WHERE id = :job_id AND NOT planned
     """
 )

@@ -92,8 +92,8 @@ ATTEMPTS_WITHIN_LIMITS = statement(
            || ' times (at most ' || CAST(:max_stage_attempts AS int) || ')'
     FROM review_jobs j
     CROSS JOIN LATERAL (VALUES
-        ('planning', COALESCE(CAST(j.request->>'planning_attempts' AS int), 0)),
-        ('posting', COALESCE(CAST(j.request->>'posting_attempts' AS int), 0))
+        ('planning', j.planning_failures),
+        ('posting', j.posting_failures)
     ) AS stage(name, tries)
     WHERE stage.tries > CAST(:max_stage_attempts AS int)
     """

@@ -49,14 +49,13 @@ SELECT_LIVE_DEPENDENCIES = statement(
 # Claim jobs whose diff has not been fetched and chunked yet, oldest first, for one planner
 # until :until (a lease: a planner that dies loses its jobs to another when it runs out, and
 # each claim is a new attempt, which fences the one before); a job whose last planning try
-# failed waits for its retry time (request->>'retry_at').
+# failed waits for its retry time.
 CLAIM_UNPLANNED_JOBS = statement(
     """
     WITH candidate AS (
         SELECT id FROM review_jobs
         WHERE NOT planned AND state IN ('queued', 'waiting')
-          AND (request->>'retry_at' IS NULL
-               OR CAST(request->>'retry_at' AS timestamptz) <= :now)
+          AND (retry_at IS NULL OR retry_at <= :now)
           AND (planning_until IS NULL OR planning_until <= :now)
         ORDER BY level, enqueued_at, id
         LIMIT :limit

@@ -12,8 +12,7 @@ SELECT_UNPOSTED_JOBS = statement(
     """
     SELECT * FROM review_jobs
     WHERE state = 'running' AND planned AND chunks_done >= chunks_total
-      AND (CAST(:now AS timestamptz) IS NULL OR request->>'retry_at' IS NULL
-           OR CAST(request->>'retry_at' AS timestamptz) <= :now)
+      AND (CAST(:now AS timestamptz) IS NULL OR retry_at IS NULL OR retry_at <= :now)
       AND (CAST(:now AS timestamptz) IS NULL OR posting_until IS NULL
            OR posting_until <= :now)
     ORDER BY level, id LIMIT :limit
@@ -78,17 +77,16 @@ RELEASE_PLANNING_CLAIMS = statement(
     """
 )
 
-# A planning or posting try failed with a retryable error: count it (per kind, in the request)
-# and set when the next try may start, giving the claim back; no row when the job has ended
+# A planning or posting try (:kind) failed with a retryable error: count it and set when the
+# next try may start, giving the claim back; no row when the job has ended
 # meanwhile, or (with a fence) when that attempt no longer holds its claim.
 DEFER_JOB = statement(
     """
     UPDATE review_jobs
     SET attempts = attempts + 1, last_error = :error,
-        request = request || jsonb_build_object(
-            'retry_at', CAST(:retry_at AS text),
-            CAST(:counter AS text),
-            COALESCE(CAST(request->>CAST(:counter AS text) AS integer), 0) + 1),
+        retry_at = :retry_at,
+        planning_failures = planning_failures + CASE WHEN :kind = 'planning' THEN 1 ELSE 0 END,
+        posting_failures = posting_failures + CASE WHEN :kind = 'posting' THEN 1 ELSE 0 END,
         posting_until = NULL, planning_until = NULL
     WHERE id = :job_id AND state IN ('waiting', 'queued', 'running')
       AND (CAST(:fence_owner AS text) IS NULL
@@ -96,6 +94,8 @@ DEFER_JOB = statement(
                AND planning_attempt = :fence_attempt)
            OR (:fence_kind = 'posting' AND posting_by = :fence_owner
                AND posting_attempt = :fence_attempt))
-    RETURNING state, CAST(request->>CAST(:counter AS text) AS integer) AS tries
+    RETURNING state,
+              CASE WHEN :kind = 'planning' THEN planning_failures ELSE posting_failures END
+                  AS tries
     """
 )
