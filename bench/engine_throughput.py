@@ -62,8 +62,8 @@ from bot.llm.openai_compat import OpenAICompatBackend  # noqa: E402
 from bot.model import JobState  # noqa: E402
 from bot.policy import load_policy_book  # noqa: E402
 from bot.review.assemble import classify_skipped_file  # noqa: E402
+from bot.review.chunk_review import review_chunk  # noqa: E402
 from bot.review.chunking import plan_chunks  # noqa: E402
-from bot.review.engine import review_chunk  # noqa: E402
 from bot.sched.dispatcher import DispatcherSettings  # noqa: E402
 from bot.serve import open_store, run_role  # noqa: E402
 from bot.sim.replay import fresh_database  # noqa: E402

@@ -39,7 +39,7 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import LEVELS, Forge, ReviewRequest
 from bot.policy import evaluate, load_policy_book
 from bot.queue.store import QueueSettings, QueueStore
-from bot.review.forge_side import ReviewPipeline
+from bot.review.plan_and_post import ReviewPipeline
 from bot.review.prompts import build_messages
 from bot.review.quiet_post import quiet_posting
 from bot.sched.mlfq import ServiceEstimator

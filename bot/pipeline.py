@@ -13,8 +13,8 @@ from bot.llm.base import LLMBackend
 from bot.obs.metrics import Metrics
 from bot.policy import PolicyBook
 from bot.queue.store import QueueStore
-from bot.review.engine import RequestBuilder, chunk_reviewer, default_request
-from bot.review.forge_side import ReviewPipeline
+from bot.review.chunk_review import RequestBuilder, chunk_reviewer, default_request
+from bot.review.plan_and_post import ReviewPipeline
 from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
 from bot.review.quiet_post import QuietPosting

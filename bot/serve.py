@@ -31,7 +31,7 @@ from bot.outage import OutageWatch
 from bot.pipeline import Pipeline, build_pipeline
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.forge_side import ReviewPipeline
+from bot.review.plan_and_post import ReviewPipeline
 from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
 from bot.review.quiet_post import quiet_posting

@@ -12,9 +12,9 @@ REPO = Path(__file__).resolve().parent.parent
 ABSENT_THERE = ("sqlalchemy", "asyncpg", "alembic", "psycopg")
 
 
-def test_review_engine_imports_without_database_libraries() -> None:
+def test_chunk_review_imports_without_database_libraries() -> None:
     blocker = "".join(f"sys.modules[{name!r}] = None\n" for name in ABSENT_THERE)
-    program = f"import sys\n{blocker}import bot.review.engine\nimport bot.llm.vllm_engine\n"
+    program = f"import sys\n{blocker}import bot.review.chunk_review\nimport bot.llm.vllm_engine\n"
     run = subprocess.run(
         [sys.executable, "-c", program],
         capture_output=True,

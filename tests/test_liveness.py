@@ -28,7 +28,7 @@ from bot.obs.liveness import (
 )
 from bot.obs.metrics import Metrics
 from bot.queue.store import QueueStore
-from bot.review.engine import chunk_reviewer
+from bot.review.chunk_review import chunk_reviewer
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.presence import Presence, backend_engines
 from tests.factories import decide, make_request

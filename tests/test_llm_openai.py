@@ -14,7 +14,7 @@ from aiohttp import web
 from bot.errors import LLMError
 from bot.llm.base import LLMRequest
 from bot.llm.openai_compat import OpenAICompatBackend
-from bot.review.engine import review_chunk
+from bot.review.chunk_review import review_chunk
 from tests.serving import free_port
 
 ANSWER = json.dumps(

@@ -14,7 +14,7 @@ from bot.llm.base import LLMBackend, LLMRequest
 from bot.llm.factory import create_backend
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.llm.simulated import SimulatedBackend
-from bot.review.engine import review_chunk
+from bot.review.chunk_review import review_chunk
 from bot.review.prompts import build_messages
 
 PATCH = """@@ -1,3 +1,6 @@

@@ -16,7 +16,7 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import JobState
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
-from bot.review.forge_side import ReviewPipeline
+from bot.review.plan_and_post import ReviewPipeline
 from bot.review.planner import claim_and_plan_jobs
 from bot.review.poster import PostingSettings, build_review, post_job_review
 from tests.pipeline_helpers import (

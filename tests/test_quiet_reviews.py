@@ -36,7 +36,7 @@ from bot.model import LEVELS, FileChange, Job, JobState, Level
 from bot.policy import load_policy_book
 from bot.queue.findings import FindingStore, PullRef
 from bot.queue.store import QueueSettings, QueueStore
-from bot.review.forge_side import ReviewPipeline
+from bot.review.plan_and_post import ReviewPipeline
 from bot.review.prompts import build_messages
 from bot.review.quiet_post import QuietPosting
 from bot.sched.mlfq import ServiceEstimator

@@ -16,8 +16,8 @@ from bot.review.assemble import (
     classify_skipped_file,
     stored_chunk,
 )
+from bot.review.chunk_review import ChunkReview, review_chunk
 from bot.review.chunking import SkippedFile as ChunkerSkippedFile
-from bot.review.engine import ChunkReview, review_chunk
 
 
 def result(

@@ -21,7 +21,7 @@ from bot.pipeline import build_pipeline
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.records import Fence
 from bot.queue.store import QueueStore
-from bot.review.forge_side import ReviewPipeline
+from bot.review.plan_and_post import ReviewPipeline
 from bot.review.planner import PlanningSettings, claim_and_plan_jobs
 from bot.review.poster import PostingSettings, post_job_review
 from bot.sched.dispatcher import DispatcherSettings

@@ -18,7 +18,7 @@ from bot.errors import LLMError
 from bot.llm.base import LLMRequest
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.review.assemble import StoredChunk, assemble_review
-from bot.review.engine import ChunkReview, review_chunk
+from bot.review.chunk_review import ChunkReview, review_chunk
 from tests.serving import free_port
 
 pytestmark = pytest.mark.vllm
@@ -229,7 +229,7 @@ def test_in_process_engine_backend(vllm_paths: dict[str, str]) -> None:
     program = """
 import asyncio, json, sys
 from bot.llm.vllm_engine import VLLMEngineBackend
-from bot.review.engine import review_chunk
+from bot.review.chunk_review import review_chunk
 
 async def main():
     backend = VLLMEngineBackend(sys.argv[1], enforce_eager=True, max_num_seqs=2,

@@ -20,8 +20,8 @@ from bot.forges.base import PullChanges, ReviewToPost
 from bot.llm.base import LLMBackend
 from bot.model import Chunk, ChunkId, ChunkState, FileChange, Job, JobId, JobState, Level
 from bot.queue.records import Leased
+from bot.review.chunk_review import chunk_reviewer
 from bot.review.context_fetch import with_contexts
-from bot.review.engine import chunk_reviewer
 from bot.review.planner import PlanningSettings, build_review_plan
 from bot.review.poster import build_review
 

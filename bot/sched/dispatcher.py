@@ -1,6 +1,6 @@
 """The dispatcher: fills worker slots with chunks the MLFQ picks, and keeps the queue moving.
 
-Its steps are in bot/sched/core.py; this is the live loop around them: wake-ups (LISTEN/NOTIFY
+Its steps are in bot/sched/steps.py; this is the live loop around them: wake-ups (LISTEN/NOTIFY
 and a slow poll), one task per running chunk, heartbeats, and a graceful stop.
 """
 
@@ -16,10 +16,10 @@ from bot.model import Job
 from bot.outage import OutageWatch
 from bot.queue.connector import QUEUE_CHANNEL, Listener
 from bot.queue.store import Leased
-from bot.sched.core import DispatcherCore, DispatcherSettings, level_counts, settings_for
 from bot.sched.mlfq import SCHEDULING_POLICIES, SchedulingPolicy
 from bot.sched.ports import ReviewedChunk
 from bot.sched.presence import Presence, backend_engines, keep_present
+from bot.sched.steps import DispatcherCore, DispatcherSettings, level_counts, settings_for
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Dispatcher(DispatcherCore):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # Not an outcome the review engine knows (a bug, a backend raising something of its
+            # Not an outcome the chunk reviewer knows (a bug, a backend raising something of its
             # own, the database going away): the attempt counts, with its error on the chunk.
             log.exception(
                 "chunk %s of job %s failed unexpectedly",
@@ -99,7 +99,7 @@ class Dispatcher(DispatcherCore):
             self.metrics.count_dead()
 
     async def _review_and_store(self, leased: Leased) -> None:
-        """Review one chunk through the review engine and store what it found."""
+        """Review one chunk through the injected reviewer and store what it found."""
         job = await self.store.get_job(leased.chunk.job_id)
         if self.metrics is not None and job is not None and leased.first_start:
             started = leased.chunk.started_at or self.clock.now()

@@ -29,7 +29,7 @@ class CallUsage(Protocol):
 
 
 class ReviewedChunk(Protocol):
-    """What reviewing one chunk hands back to be stored (bot.review.engine.ChunkReview)."""
+    """What reviewing one chunk hands back to be stored (bot.review.chunk_review.ChunkReview)."""
 
     @property
     def gpu_seconds(self) -> float: ...

@@ -33,7 +33,7 @@ from bot.model import Job, JobState, Level, PolicyDecision
 from bot.pipeline import build_pipeline
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import Leased, QueueSettings, QueueStore
-from bot.review.engine import default_request
+from bot.review.chunk_review import default_request
 from bot.review.planner import PlanningSettings
 from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.engine_pool import EnginePool

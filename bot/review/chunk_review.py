@@ -221,7 +221,7 @@ ChunkReviewer = Callable[[Job | None, "Leased", str | None], Awaitable[ChunkRevi
 
 
 async def default_request(job: Job | None, leased: Leased) -> LLMRequest:
-    """The chunk's prompt from its stored files (the review engine's message format)."""
+    """The chunk's prompt from its stored files (the chunk review's message format)."""
     chunk = leased.chunk
     return LLMRequest(
         messages=build_messages(chunk.files),
