@@ -302,9 +302,11 @@ async def test_our_comment_webhooks_carry_what_the_bot_reads(
         assert [command.argument for command in normalized.commands] == ["full"]
 
 
-async def test_review_comments_and_statuses_as_github_lists_them(
+async def review_comments_and_statuses(
     emulator: ForgeEmulator, http: aiohttp.ClientSession
-) -> None:
+) -> tuple[Any, Any, str]:
+    """A review with one comment and two statuses on a pull request's head: GitHub's listings of
+    its review comments and of the head's statuses (checked for what they hold), and the head."""
     pull = await open_pull(emulator, http)
     repo_api = f"{emulator.base_url}/repos/acme/shop"
     sha = pull["head_sha"]
@@ -339,14 +341,17 @@ async def test_review_comments_and_statuses_as_github_lists_them(
     assert status == 200 and [item["state"] for item in statuses] == ["success", "pending"]
     status, _ = await call(http, "GET", f"{repo_api}/commits/{'0' * 40}/statuses")
     assert status == 404
-    openapi = load_shared_json("openapi", "github-rest-subset.json")
-    template = "/repos/{owner}/{repo}/pulls/{pull_number}/comments"
-    assert schema_errors(response_schema(openapi, "GET", template, 200), comments) == []
-    status_schema = response_schema(openapi, "POST", "/repos/{owner}/{repo}/statuses/{sha}", 201)
-    assert all(schema_errors(status_schema, item) == [] for item in statuses)
+    return comments, statuses, sha
+
+
+async def test_review_comments_and_statuses_as_github_lists_them(
+    emulator: ForgeEmulator, http: aiohttp.ClientSession
+) -> None:
+    _, _, sha = await review_comments_and_statuses(emulator, http)
 
     # The control API shows them per pull request and per commit, statuses included.
     status, posted = await call(http, "GET", f"{emulator.base_url}/_emulator/posted?number=7")
+    assert status == 200
     assert [item["kind"] for item in posted["posted"]] == [
         "review",
         "commit_status",
@@ -355,8 +360,20 @@ async def test_review_comments_and_statuses_as_github_lists_them(
     status, view = await call(
         http, "GET", f"{emulator.base_url}/_emulator/activity?repo=acme/shop&number=7&sha={sha}"
     )
+    assert status == 200
     assert [item["state"] for item in view["statuses"]] == ["pending", "success"]
     assert [c["body"] for c in view["reviews"][0]["comments"]] == ["Print?"]
+
+
+async def test_review_comments_and_statuses_match_the_openapi_subset(
+    emulator: ForgeEmulator, http: aiohttp.ClientSession
+) -> None:
+    openapi = load_shared_json("openapi", "github-rest-subset.json")
+    comments, statuses, _ = await review_comments_and_statuses(emulator, http)
+    template = "/repos/{owner}/{repo}/pulls/{pull_number}/comments"
+    assert schema_errors(response_schema(openapi, "GET", template, 200), comments) == []
+    status_schema = response_schema(openapi, "POST", "/repos/{owner}/{repo}/statuses/{sha}", 201)
+    assert all(schema_errors(status_schema, item) == [] for item in statuses)
 
 
 def test_push_changes_refuses_an_unknown_path_without_a_trace() -> None:

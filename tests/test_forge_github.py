@@ -501,9 +501,11 @@ def sent_review(record: Record) -> dict[str, object]:
     }
 
 
-async def test_one_refused_comment_does_not_sink_the_others(
+async def post_with_one_refused_comment(
     emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
-) -> None:
+) -> Record:
+    """A review of three inline comments, one off the diff: the other two are posted and the
+    refused one moves into the summary. The create-a-review request that was accepted."""
     files = generate_file_changes(changed_lines=12, files=2, seed=4)
     emulator.state.add_pull("github", REPO, 21, files=files)
     client = make_client(emulator, session, clock)
@@ -536,12 +538,20 @@ async def test_one_refused_comment_does_not_sink_the_others(
     assert find_marker(body) == 78
     assert (posted.inline_posted, posted.inline_rejected, posted.summary_only) == (2, 1, False)
     assert posted.rejected == (1,)
-    assert schema_errors(review_request_schema(), sent_review(records[0])) == []
+    return records[0]
 
 
-async def test_a_suggestion_block_on_a_range_is_accepted(
+async def test_one_refused_comment_does_not_sink_the_others(
     emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
 ) -> None:
+    await post_with_one_refused_comment(emulator, session, clock)
+
+
+async def post_a_suggestion_on_a_range(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> Record:
+    """A comment on a range of lines with a suggestion block is accepted as one GitHub
+    suggestion. The create-a-review request that was accepted."""
     patch = "@@ -1,3 +1,4 @@\n import os\n-x = 1\n+x = 2\n+y = x / 0\n z = 3"
     files = [FileChange("calc.py", 2, 1, patch)]
     emulator.state.add_pull("github", REPO, 22, files=files)
@@ -562,8 +572,22 @@ async def test_a_suggestion_block_on_a_range_is_accepted(
     [comment] = emulator.state.posted(kind="review", number=22)[0].data["comments"]
     assert (comment["start_line"], comment["line"], comment["start_side"]) == (2, 3, "RIGHT")
     assert comment["body"] == "Division by zero.\n\n```suggestion\nx = 2\ny = x / 1\n```"
-    review_record = emulator.state.posted(kind="review", number=22)[0]
-    assert schema_errors(review_request_schema(), sent_review(review_record)) == []
+    return emulator.state.posted(kind="review", number=22)[0]
+
+
+async def test_a_suggestion_block_on_a_range_is_accepted(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    await post_a_suggestion_on_a_range(emulator, session, clock)
+
+
+async def test_the_reviews_the_client_sends_are_what_github_documents(
+    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    """The requests of the two tests above, against GitHub's own API description."""
+    schema = review_request_schema()
+    for post in (post_with_one_refused_comment, post_a_suggestion_on_a_range):
+        assert schema_errors(schema, sent_review(await post(emulator, session, clock))) == []
 
 
 async def test_the_emulator_refuses_what_github_refuses_in_githubs_shape(

@@ -145,14 +145,15 @@ def check_runs(emulator: ForgeEmulator) -> list[dict[str, Any]]:
     return [r.data["request"] for r in emulator.state.posted(forge="github", kind="check_run")]
 
 
-async def test_github_app_check_run_goes_queued_in_progress_completed(
+async def check_run_round(
     store: QueueStore,
     emulator: ForgeEmulator,
     session: aiohttp.ClientSession,
     clock: VirtualClock,
     app_key: tuple[str, str],
-) -> None:
-    spec = load_shared_json("openapi", "github-rest-subset.json")
+) -> list[dict[str, Any]]:
+    """A job queued, run and finished with the App's check run published along: one check run
+    goes queued, in progress, completed, updated in place. The requests that wrote it."""
     pull = emulator.state.add_pull("github", REPO, 3, files=FILES, installation_id=1)
     job_id = await queue_job(store, clock, pull, 40)
     statuses = publisher(store, {"github": app_client(emulator, session, clock, app_key[0])}, clock)
@@ -187,8 +188,30 @@ async def test_github_app_check_run_goes_queued_in_progress_completed(
     assert requests[2]["conclusion"] == "neutral"  # a major finding, neutral at major
     assert requests[2]["output"]["title"] == "Reviewed: 3 findings (1 major, 2 minor)"
     assert requests[2]["details_url"] == review["url"]
-    # One check run, updated in place; what was sent and answered is what GitHub documents.
     assert len(emulator.state.check_runs) == 1
+    return requests
+
+
+async def test_github_app_check_run_goes_queued_in_progress_completed(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+    app_key: tuple[str, str],
+) -> None:
+    await check_run_round(store, emulator, session, clock, app_key)
+
+
+async def test_github_app_check_runs_are_what_github_documents(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+    app_key: tuple[str, str],
+) -> None:
+    """The same round: what was sent and answered is what GitHub's API description documents."""
+    spec = load_shared_json("openapi", "github-rest-subset.json")
+    requests = await check_run_round(store, emulator, session, clock, app_key)
     run_id = next(iter(emulator.state.check_runs))
     body_schemas = {
         "post": spec["paths"]["/repos/{owner}/{repo}/check-runs"]["post"],
