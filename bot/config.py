@@ -271,7 +271,7 @@ class WindowSettings(Section):
     # perfect scaling, 0 none; below it the engine is past its knee. At 0.2 an engine whose
     # step time doubles by two sequences settled at 0.84 of its best tokens/s, close enough
     # to 0.8 that a few percent of noise between intervals walked it below; 0.15 settles at
-    # 0.89 there, and higher on larger knees, without noise (tests/test_window.py).
+    # 0.89 there, and higher on larger knees, without noise (tests/unit/test_window.py).
     min_elasticity: float = 0.15
     # Slow start doubles again only while a doubling returned at least 2 ** this in tokens/s:
     # an engine still far from its knee scales nearly linearly (elasticity near 1), and one

@@ -24,7 +24,7 @@ SELECT_QUEUE_JOBS = statement(
 # an index-only scan) and jobs not planned into chunks yet (ix_review_jobs_unplanned), which
 # only a dispatcher plans, so a backlog shows even with no dispatcher running. KEDA's
 # postgresql scaler polls it to size the dispatcher Deployment; the manifest carries a copy
-# (deploy/k8s/base/dispatcher-autoscaling.yaml) that tests/test_kubernetes.py holds equal.
+# (deploy/k8s/base/dispatcher-autoscaling.yaml) that tests/system/test_kubernetes.py holds equal.
 DISPATCH_BACKLOG = (
     "SELECT (SELECT count(*) FROM review_chunks"
     " WHERE state IN ('queued', 'running') AND available_at <= now())"

@@ -1,0 +1,240 @@
+"""Code context end to end: the real planner reads each file at the head sha from the forge
+emulator (real aiohttp over loopback), the real dispatcher reviews with the simulated model,
+and the review is posted; the prompts are read as the model received them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bot.clock import SystemClock
+from bot.emulator import EmulatedPull, Fault, ForgeEmulator
+from bot.emulator.quiet import open_pull_from_trees
+from bot.forges.base import RetryPolicy
+from bot.forges.registry import ForgeOptions, ForgeRegistry, build_forges
+from bot.llm.base import LLMRequest, LLMResponse
+from bot.llm.simulated import SimulatedBackend
+from bot.model import JobState, Level, PolicyDecision
+from bot.pipeline import build_pipeline
+from bot.queue.store import QueueStore
+from bot.review.planner import PlanningSettings
+from bot.review.prompt_context import BEGIN_CONTEXT, BEGIN_PULL_REQUEST
+from bot.sched.dispatcher import DispatcherSettings
+from bot.sched.mlfq import MlfqSettings
+from tests.support.pipeline_helpers import emulator_state, forge_settings, request_for
+from tests.support.serving import wait_until
+
+BASE = {
+    "shop/cart.py": (
+        "import logging\n"
+        "\n"
+        "log = logging.getLogger(__name__)\n"
+        "\n"
+        "\n"
+        "class Cart:\n"
+        "    def __init__(self) -> None:\n"
+        "        self.items: list[int] = []\n"
+        "\n"
+        "    def apply_discount(self, percent: int) -> int:\n"
+        "        if percent < 0 or percent > 100:\n"
+        "            raise ValueError(percent)\n"
+        "        total = sum(self.items)\n"
+        "        discounted = total * (100 - percent) // 100\n"
+        "        log.info('discount %s', percent)\n"
+        "        log.info('total %s', total)\n"
+        "        log.info('items %s', len(self.items))\n"
+        "        return discounted\n"
+        "\n"
+        "\n"
+        "def helper() -> None:\n"
+        "    pass\n"
+    ),
+    "web/format.js": (
+        "export function formatPrice(cents) {\n"
+        "  const euros = Math.floor(cents / 100);\n"
+        "  const rest = cents % 100;\n"
+        "  const padded = String(rest).padStart(2, '0');\n"
+        "  const sign = cents < 0 ? '-' : '';\n"
+        "  const text = `${sign}${euros}.${padded}`;\n"
+        "  return text;\n"
+        "}\n"
+    ),
+}
+HEAD = {
+    "shop/cart.py": BASE["shop/cart.py"].replace(
+        "        log.info('items %s', len(self.items))\n",
+        "        log.info('items %s', len(self.items))  # TODO remove before release\n",
+    ),
+    "web/format.js": BASE["web/format.js"].replace("return text;", "return text.trim();"),
+}
+
+
+class RecordingBackend(SimulatedBackend):
+    """The simulated model, keeping every request it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__(sleep=asyncio.sleep, time_scale=0.001)
+        self.requests: list[LLMRequest] = []
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        self.requests.append(request)
+        return await super().complete(request)
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[ForgeEmulator]:
+    async with ForgeEmulator(emulator_state(SystemClock())) as running:  # type: ignore[arg-type]
+        yield running
+
+
+@pytest.fixture
+async def forges(emulator: ForgeEmulator) -> AsyncIterator[ForgeRegistry]:
+    registry = build_forges(
+        forge_settings(emulator),
+        options=ForgeOptions(retry=RetryPolicy(attempts=2, base_delay_s=0.01), post_interval_s=0),
+    )
+    async with registry:
+        yield registry
+
+
+async def review(
+    store: QueueStore, db_url: str, forges: ForgeRegistry, pull: EmulatedPull
+) -> tuple[int, RecordingBackend]:
+    """Submit the pull's review, run one dispatcher until it is done; the job and the model."""
+    backend = RecordingBackend()
+    decision = PolicyDecision(level=Level.P2, reasons=("test",))
+    submitted = await store.submit_request(request_for(pull), decision, now=SystemClock().now())
+    assert submitted.job_id is not None
+    pipeline = build_pipeline(
+        store,
+        forges=forges,
+        policies=None,
+        backend=backend,
+        clock=SystemClock(),
+        dispatcher=DispatcherSettings(
+            owner="context-test",
+            policy="mlfq",
+            slots=2,
+            poll_s=0.1,
+            mlfq=MlfqSettings(reserved_slots=0),
+        ),
+        planning=PlanningSettings(context_tokens=1536),
+    )
+    runner = asyncio.create_task(pipeline.dispatcher.run(database_url=db_url))
+
+    async def done() -> bool:
+        job = await store.get_job(submitted.job_id)  # type: ignore[arg-type]
+        return job is not None and job.state == JobState.DONE
+
+    try:
+        await wait_until(done, timeout_s=30, what="the review is posted")
+    finally:
+        pipeline.dispatcher.stop()
+        await asyncio.wait_for(runner, timeout=10)
+    return submitted.job_id, backend
+
+
+def user_turns(backend: RecordingBackend) -> list[str]:
+    return [request.messages[-1]["content"] for request in backend.requests]
+
+
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
+async def test_the_prompt_shows_the_enclosing_function_and_the_pull_request(
+    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry, forge: str
+) -> None:
+    pull = open_pull_from_trees(
+        emulator.state,
+        forge,
+        "acme/shop",
+        7,
+        base=BASE,
+        head=HEAD,
+        title="Log the item count",  # type: ignore[arg-type]
+    )
+    job_id, backend = await review(store, db_url, forges, pull)
+
+    (prompt,) = user_turns(backend)
+    assert BEGIN_PULL_REQUEST in prompt and "Title: Log the item count" in prompt
+    # The pull request and the context come before the diff (a review's chunks share them).
+    assert prompt.index(BEGIN_PULL_REQUEST) < prompt.index(BEGIN_CONTEXT)
+    assert prompt.index(BEGIN_CONTEXT) < prompt.index("BEGIN UNTRUSTED DIFF")
+    context = prompt[prompt.index(BEGIN_CONTEXT) : prompt.index("BEGIN UNTRUSTED DIFF")]
+    # The method around the change, from its first line, numbered as in the new file; its
+    # class's first line as a header; nothing of the function after it.
+    assert "\n10:     def apply_discount(self, percent: int) -> int:\n" in context
+    assert "\n6: class Cart:\n" in context
+    assert "def helper" not in context
+    assert "\n1: export function formatPrice(cents) {\n" in context
+    posted = emulator.state.posted(forge=forge, repo="acme/shop", number=7)  # type: ignore[arg-type]
+    assert posted, "the review was posted"
+    job = await store.get_job(job_id)
+    assert job is not None and job.request["context_reads"] == {
+        "requested": 2,
+        "read": 2,
+        "failed": 0,
+    }
+
+
+async def test_one_review_reads_each_file_once_even_across_chunks(
+    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
+) -> None:
+    # One long file, 505 changed lines in five hunks far apart: over the 400-line budget, so
+    # a first chunk of 100 lines and the rest in parts of the same file.
+    body = '    """One of many."""\n    a = 1\n    b = 2\n    c = 3\n    d = 4\n'
+    base = "".join(f"def f{n}():\n{body}    return {n}\n\n" for n in range(400))
+    head = base
+    for n in (10, 90, 170, 250, 330):
+        head = head.replace(f"    return {n}\n", f"    return {n} + 1\n" * 100)
+    pull = open_pull_from_trees(
+        emulator.state, "github", "acme/shop", 8, base={"big.py": base}, head={"big.py": head}
+    )
+    _, backend = await review(store, db_url, forges, pull)
+
+    prompts = user_turns(backend)
+    assert len(prompts) >= 2, "the file was reviewed in more than one chunk"
+    for prompt in prompts:
+        context = prompt[prompt.index(BEGIN_CONTEXT) : prompt.index("BEGIN UNTRUSTED DIFF")]
+        assert any(f"def f{n}():" in context for n in (10, 90, 170, 250, 330))
+    assert emulator.state.count_requests("github.contents") == 1
+
+
+@pytest.mark.parametrize(
+    ("forge", "route", "fault"),
+    [
+        ("github", "github.contents", Fault(status=404, message="Not Found")),
+        ("github", "github.contents", Fault.server_error(502)),
+        ("gitlab", "gitlab.file", Fault(status=404, message="404 File Not Found")),
+        ("gitlab", "gitlab.file", Fault.server_error(500)),
+    ],
+)
+async def test_a_file_the_forge_will_not_serve_is_reviewed_without_its_context(
+    store: QueueStore,
+    db_url: str,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    forge: str,
+    route: str,
+    fault: Fault,
+) -> None:
+    pull = open_pull_from_trees(
+        emulator.state,
+        forge,
+        "acme/shop",
+        9,
+        base=BASE,
+        head=HEAD,  # type: ignore[arg-type]
+    )
+    emulator.state.add_fault(route, fault, times=4)  # every read of both files, and a retry
+    job_id, backend = await review(store, db_url, forges, pull)
+
+    (prompt,) = user_turns(backend)
+    assert BEGIN_CONTEXT not in prompt
+    assert "Title: " in prompt  # the pull request's own text is still there
+    assert emulator.state.posted(forge=forge, repo="acme/shop", number=9)  # type: ignore[arg-type]
+    job = await store.get_job(job_id)
+    assert job is not None and job.state == JobState.DONE
+    reads = job.request["context_reads"]
+    assert reads["requested"] == 2 and reads["read"] == 0
+    assert reads["failed"] == (0 if fault.status == 404 else 2)

@@ -1,0 +1,165 @@
+"""One process lifecycle: contexts start in order and stop in reverse, a part that does not
+start stops the parts started before it, and a loop that fails ends the process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bot.clock import SystemClock
+from bot.config import DatabaseSettings, ForgeSettings, LLMSettings, Settings, WebSettings
+from bot.errors import ConfigError, StartError
+from bot.forges.registry import build_forges
+from bot.lifecycle import Context, Process, finish_loop, running
+from bot.policy import load_policy_book
+from bot.queue.store import QueueStore
+from bot.serve import run_role
+from tests.support.serving import free_port
+
+
+def looping(name: str, said: list[str]) -> Context:
+    """A context whose loop runs until its context stops it; it says what happens to it."""
+
+    async def context(process: Process) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        task = process.start_loop(stop.wait(), name=name)  # type: ignore[arg-type]
+        said.append(f"start {name}")
+        yield
+        said.append(f"stop {name} (stopping: {process.stopping.is_set()})")
+        stop.set()
+        await finish_loop(task)
+
+    context.__name__ = name
+    return context
+
+
+def refusing(name: str) -> Context:
+    async def context(process: Process) -> AsyncIterator[None]:
+        raise OSError(98, "Address already in use")
+        yield  # pragma: no cover
+
+    context.__name__ = name
+    return context
+
+
+def other_tasks() -> set[asyncio.Task[object]]:
+    return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+
+
+async def test_contexts_start_in_order_and_stop_in_reverse_once_stopping_is_set() -> None:
+    said: list[str] = []
+    async with running([looping("first", said), looping("second", said)]) as process:
+        assert said == ["start first", "start second"]
+        assert not process.stopping.is_set()
+    assert said == [
+        "start first",
+        "start second",
+        "stop second (stopping: True)",
+        "stop first (stopping: True)",
+    ]
+    assert other_tasks() == set()
+
+
+async def test_a_context_that_does_not_start_stops_those_started_before_it() -> None:
+    said: list[str] = []
+    contexts = [looping("first", said), looping("second", said), refusing("third")]
+    contexts.append(looping("fourth", said))
+    with pytest.raises(StartError, match=r"^third did not start: OSError: .*in use") as raised:
+        async with running(contexts):
+            raise AssertionError("the process ran with a part that did not start")
+    assert raised.value.part == "third"
+    assert isinstance(raised.value.__cause__, OSError)
+    assert said == [
+        "start first",
+        "start second",
+        "stop second (stopping: True)",
+        "stop first (stopping: True)",
+    ]
+    assert other_tasks() == set()  # no loop left running
+
+
+async def test_a_failing_loop_ends_the_wait_with_its_failure_and_every_context_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    said: list[str] = []
+
+    async def failing(process: Process) -> AsyncIterator[None]:
+        async def crash() -> None:
+            raise ValueError("the loop broke")
+
+        task = process.start_loop(crash(), name="crashing")
+        yield
+        said.append("stop failing")
+        await finish_loop(task)
+
+    with (
+        caplog.at_level(logging.ERROR, logger="bot.lifecycle"),
+        pytest.raises(ValueError, match="the loop broke"),
+    ):
+        async with running([looping("first", said), failing]) as process:
+            await asyncio.wait_for(process.wait(), timeout=10)
+    assert said == ["start first", "stop failing", "stop first (stopping: True)"]
+    assert "background task crashing failed: ValueError('the loop broke')" in caplog.text
+    assert other_tasks() == set()
+
+
+async def test_the_wait_ends_when_the_process_is_asked_to_stop() -> None:
+    stopping = asyncio.Event()
+    said: list[str] = []
+    async with running([looping("first", said)], stopping=stopping) as process:
+        asyncio.get_running_loop().call_soon(stopping.set)  # what SIGTERM does in bot serve
+        await asyncio.wait_for(process.wait(), timeout=10)
+    assert said == ["start first", "stop first (stopping: True)"]
+
+
+@pytest.mark.parametrize(
+    ("failing", "changes", "error"),
+    [
+        ("metrics_server", {}, OSError),
+        ("llm_backend", {"llm": {"backend": "openai", "base_urls": ()}}, ConfigError),
+    ],
+)
+async def test_a_role_part_that_does_not_start_leaves_nothing_running(
+    store: QueueStore, db_url: str, failing: str, changes: dict[str, object], error: type
+) -> None:
+    """The web server (with the alert and command loops of its app) has started when the
+    metrics port turns out taken, or when the LLM backend cannot be made: both stop again."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = free_port()
+        settings = Settings(
+            database=DatabaseSettings(url=db_url),
+            forges=ForgeSettings(
+                github_webhook_secret="s",
+                gitlab_webhook_token="t",
+                github_token="ghp-lifecycle",
+                github_api_url="http://127.0.0.1:9",
+            ),
+            web=WebSettings(
+                metrics_port=taken.getsockname()[1] if failing == "metrics_server" else None
+            ),
+            llm=LLMSettings(backend="simulated"),
+        ).with_changes(**changes)
+        forges = build_forges(settings)
+        with pytest.raises(StartError) as raised:
+            async with run_role(
+                "all",
+                settings,
+                store=store,
+                forges=forges,
+                policies=load_policy_book(settings.review.policy_dir),
+                clock=SystemClock(),
+                port=port,
+            ):
+                raise AssertionError("the role started with a part that did not")
+    assert raised.value.part == failing
+    assert isinstance(raised.value.__cause__, error)
+    assert other_tasks() == set()  # the alert loop and the command worker were stopped
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))  # the web server let its port go
+    await store.ping()  # the role does not close the caller's store

@@ -1,0 +1,46 @@
+"""Settings read from the environment reach the store `bot serve` opens (real PostgreSQL)."""
+
+from __future__ import annotations
+
+from bot.clock import VirtualClock
+from bot.config import load_settings
+from bot.model import LEVELS, JobState, Level
+from bot.serve import open_store
+from tests.support.factories import decide, make_request, plans
+
+
+async def test_max_attempts_and_chunk_backoff_reach_the_store(db_url: str) -> None:
+    settings = load_settings(
+        {
+            "DATABASE_URL": db_url,
+            "REVIEW_BOT_MAX_ATTEMPTS": "5",
+            "REVIEW_BOT_CHUNK_RETRY_BACKOFF_S": "2",
+        }
+    )
+    store = open_store(settings, pool_size=2)
+    clock = VirtualClock()
+    try:
+        result = await store.submit_request(make_request(), decide(Level.P1), now=clock.now())
+        assert result.job_id is not None
+        await store.plan_job(result.job_id, plans(5), now=clock.now())
+        for attempt in range(1, 6):
+            leased = await store.fetch_chunk(levels=LEVELS, owner="w", now=clock.now(), lease_s=60)
+            assert leased is not None and leased.chunk.attempts == attempt
+            outcome = await store.fail_chunk(
+                leased.chunk.id, owner="w", now=clock.now(), error=f"boom {attempt}"
+            )
+            # The default (3) would end the job at the third failure.
+            assert outcome.job_dead == (attempt == 5)
+            if attempt < 5:
+                # Backing off 2 s, 4 s, 8 s... (the default would wait 10 s, 20 s...).
+                wait_s = 2 * 2 ** (attempt - 1)
+                clock.advance(wait_s - 0.5)
+                early = await store.fetch_chunk(
+                    levels=LEVELS, owner="w", now=clock.now(), lease_s=60
+                )
+                assert early is None
+                clock.advance(1)
+        job = await store.get_job(result.job_id)
+        assert job is not None and job.state == JobState.DEAD and job.last_error == "boom 5"
+    finally:
+        await store.close()
