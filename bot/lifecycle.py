@@ -73,6 +73,20 @@ async def finish_loop(task: asyncio.Task[None], *, within_s: float | None = None
         )
 
 
+def cancelled_at_stop(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> Context:
+    """A context for a loop that runs until it is cancelled (a heartbeat): `loop()` starts
+    before the `yield`; after it, the loop is cancelled and waited for."""
+
+    async def context(process: Process) -> AsyncIterator[None]:
+        task = process.start_loop(loop(), name=name)
+        yield
+        task.cancel()
+        await finish_loop(task)
+
+    context.__name__ = name
+    return context
+
+
 def closing(name: str, close: Callable[[], Awaitable[None]]) -> Context:
     """A context that starts nothing and calls `close` when it stops (a pool, a client)."""
 
@@ -120,4 +134,4 @@ async def _stop(name: str, generator: AsyncIterator[None]) -> None:
     raise RuntimeError(f"{name} has more than one yield")
 
 
-__all__ = ["Context", "Process", "closing", "finish_loop", "running"]
+__all__ = ["Context", "Process", "cancelled_at_stop", "closing", "finish_loop", "running"]

@@ -39,6 +39,7 @@ from bot.forges.base import (
     Reaction,
     render_reply_marker,
 )
+from bot.lifecycle import cancelled_at_stop, running
 from bot.model import TERMINAL_JOB_STATES, Command, Forge, Job, ReviewRequest
 from bot.outage import OutageWatch
 from bot.policy import PolicyBook, evaluate
@@ -181,29 +182,26 @@ class CommandWorker:
         """Serve until stop(): wake on NOTIFY (or the poll), execute what is pending."""
         listener = await self._listen(database_url)
         outage = OutageWatch("command worker", base_s=self.settings.outage_backoff_s)
-        renewing = asyncio.create_task(self._renew_claims(), name="command-claims")
         try:
-            while not self._stopping.is_set():
-                self._wake.clear()
-                wait_s = self.settings.poll_s
-                try:
-                    reports = await self.run_once()
-                except StoreError as exc:
-                    # Claimed deliveries stay claimed; they are taken over after the lease.
-                    reports = []
-                    wait_s = outage.lost(exc)
-                else:
-                    outage.recovered()
-                    if database_url is not None and (listener is None or listener.is_closed()):
-                        listener = await self._listen(database_url, quiet=listener is None)
-                if len(reports) >= self.settings.batch:
-                    continue  # more may be waiting
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
+            async with running([cancelled_at_stop("command-claims", self._renew_claims)]):
+                while not self._stopping.is_set():
+                    self._wake.clear()
+                    wait_s = self.settings.poll_s
+                    try:
+                        reports = await self.run_once()
+                    except StoreError as exc:
+                        # Claimed deliveries stay claimed; they are taken over after the lease.
+                        reports = []
+                        wait_s = outage.lost(exc)
+                    else:
+                        outage.recovered()
+                        if database_url is not None and (listener is None or listener.is_closed()):
+                            listener = await self._listen(database_url, quiet=listener is None)
+                    if len(reports) >= self.settings.batch:
+                        continue  # more may be waiting
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
         finally:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
             if listener is not None and not listener.is_closed():
                 await listener.close()
 

@@ -12,6 +12,7 @@ import logging
 from datetime import datetime
 
 from bot.errors import LeaseLost, LLMError, LLMRequestRejected, StoreError
+from bot.lifecycle import cancelled_at_stop, running
 from bot.model import Job
 from bot.outage import OutageWatch
 from bot.queue.connector import QUEUE_CHANNEL, Listener
@@ -317,39 +318,40 @@ class Dispatcher(DispatcherCore):
         outage = OutageWatch(
             f"dispatcher {self.settings.owner}", base_s=self.settings.outage_backoff_s
         )
-        heartbeat = asyncio.create_task(self._heartbeat_loop(outage))
-        present = asyncio.create_task(
-            keep_present(self.presence(), clock=self.clock, interval_s=self.settings.heartbeat_s)
-        )
+        # Leases are renewed, and the dispatcher shown alive, until the drain has ended.
+        beating = [
+            cancelled_at_stop("lease-heartbeat", lambda: self._heartbeat_loop(outage)),
+            cancelled_at_stop(
+                "presence",
+                lambda: keep_present(
+                    self.presence(), clock=self.clock, interval_s=self.settings.heartbeat_s
+                ),
+            ),
+        ]
         self._next_maintenance = 0.0
         loop = asyncio.get_running_loop()
         try:
-            while not self._stopping.is_set():
-                self._wake.clear()
-                try:
-                    await self._step(loop)
-                except StoreError as exc:
-                    await self._pause(outage.lost(exc))
-                    continue
-                outage.recovered()
-                if database_url is not None and (listener is None or listener.is_closed()):
-                    # The server restarted (or was away at start): NOTIFY wakes us again.
-                    listener = await self._listen(database_url, quiet=listener is None)
-                timeout = self.settings.poll_s
-                if self.recheck_at is not None:
-                    until_recheck = (self.recheck_at - self.clock.now()).total_seconds()
-                    timeout = min(timeout, max(0.0, until_recheck))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-            grace_s = shutdown_grace_s
-            await self.drain(self.settings.shutdown_grace_s if grace_s is None else grace_s)
+            async with running(beating):
+                while not self._stopping.is_set():
+                    self._wake.clear()
+                    try:
+                        await self._step(loop)
+                    except StoreError as exc:
+                        await self._pause(outage.lost(exc))
+                        continue
+                    outage.recovered()
+                    if database_url is not None and (listener is None or listener.is_closed()):
+                        # The server restarted (or was away at start): NOTIFY wakes us again.
+                        listener = await self._listen(database_url, quiet=listener is None)
+                    timeout = self.settings.poll_s
+                    if self.recheck_at is not None:
+                        until_recheck = (self.recheck_at - self.clock.now()).total_seconds()
+                        timeout = min(timeout, max(0.0, until_recheck))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                grace_s = shutdown_grace_s
+                await self.drain(self.settings.shutdown_grace_s if grace_s is None else grace_s)
         finally:
-            heartbeat.cancel()
-            present.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
-            with contextlib.suppress(asyncio.CancelledError):
-                await present
             if listener is not None and not listener.is_closed():
                 await listener.close()
 

@@ -14,7 +14,7 @@ from bot.clock import SystemClock
 from bot.config import DatabaseSettings, ForgeSettings, LLMSettings, Settings, WebSettings
 from bot.errors import ConfigError, StartError
 from bot.forges.registry import build_forges
-from bot.lifecycle import Context, Process, finish_loop, running
+from bot.lifecycle import Context, Process, cancelled_at_stop, finish_loop, running
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
 from bot.serve import run_role
@@ -114,6 +114,23 @@ async def test_the_wait_ends_when_the_process_is_asked_to_stop() -> None:
         asyncio.get_running_loop().call_soon(stopping.set)  # what SIGTERM does in bot serve
         await asyncio.wait_for(process.wait(), timeout=10)
     assert said == ["start first", "stop first (stopping: True)"]
+
+
+async def test_a_heartbeat_is_cancelled_at_stop_and_says_goodbye_before_the_next_stops() -> None:
+    said: list[str] = []
+
+    async def beat() -> None:
+        try:
+            await asyncio.Event().wait()  # beats until cancelled, as keep_present does
+        except asyncio.CancelledError:
+            await asyncio.sleep(0)  # its goodbye, a write, is awaited
+            said.append("goodbye")
+            raise
+
+    async with running([looping("first", said), cancelled_at_stop("heartbeat", beat)]):
+        await asyncio.sleep(0)  # the heartbeat runs while the process does
+    assert said == ["start first", "goodbye", "stop first (stopping: True)"]
+    assert other_tasks() == set()
 
 
 @pytest.mark.parametrize(
