@@ -213,10 +213,9 @@ async def test_github_responses_match_the_openapi_subset(
         assert errors == [], (method, template, errors[:5])
 
 
-async def test_github_access_token_shape(
-    emulator: ForgeEmulator, http: aiohttp.ClientSession
-) -> None:
-    spec = load_shared_json("openapi", "github-rest-subset.json")
+async def issue_access_tokens(emulator: ForgeEmulator, http: aiohttp.ClientSession) -> Any:
+    """An installation token for the App's own JWT (201), none for a JWT signed with another
+    key (401). The 201's body."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
     from gidgethub import apps
@@ -237,10 +236,8 @@ async def test_github_access_token_shape(
     url = f"{emulator.github_url}/app/installations/3/access_tokens"
     token = apps.get_jwt(app_id="12", private_key=private_pem)
 
-    status, answer, _ = await call(http, "POST", url, headers={"Authorization": f"Bearer {token}"})
+    status, issued, _ = await call(http, "POST", url, headers={"Authorization": f"Bearer {token}"})
     assert status == 201
-    template = "/app/installations/{installation_id}/access_tokens"
-    assert schema_errors(response_schema(spec, "POST", template, 201), answer) == []
 
     other_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     forged = apps.get_jwt(
@@ -253,6 +250,22 @@ async def test_github_access_token_shape(
     )
     status, answer, _ = await call(http, "POST", url, headers={"Authorization": f"Bearer {forged}"})
     assert status == 401 and "message" in answer
+    return issued
+
+
+async def test_github_access_tokens_only_for_the_apps_key(
+    emulator: ForgeEmulator, http: aiohttp.ClientSession
+) -> None:
+    await issue_access_tokens(emulator, http)
+
+
+async def test_github_access_token_shape(
+    emulator: ForgeEmulator, http: aiohttp.ClientSession
+) -> None:
+    spec = load_shared_json("openapi", "github-rest-subset.json")
+    issued = await issue_access_tokens(emulator, http)
+    template = "/app/installations/{installation_id}/access_tokens"
+    assert schema_errors(response_schema(spec, "POST", template, 201), issued) == []
 
 
 async def test_github_rejects_what_github_rejects(
