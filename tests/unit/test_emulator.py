@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,6 +31,7 @@ from bot.forges.base import (
     parse_diff_lines,
     render_marker,
 )
+from tests.conftest import SHARED_DIR
 from tests.support.webhook_fixtures import load_payload
 
 SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
@@ -39,12 +39,9 @@ REPO = "acme/shop"
 TOKEN = {"Authorization": "token test-token"}
 
 
-def shared_dir() -> Path:
-    return Path(__file__).resolve().parents[2].parent / "shared"
-
-
 def load_shared_json(*parts: str) -> Any:
-    path = shared_dir().joinpath(*parts)
+    """A JSON file of ../shared (GitHub's API descriptions); skips the test when it is absent."""
+    path = SHARED_DIR.joinpath(*parts)
     if not path.exists():
         pytest.skip(f"../shared is absent: {path} is needed for this test")
     return json.loads(path.read_text())
