@@ -25,8 +25,9 @@ class QueueSettings:
 class StorePart:
     """A part of the queue store (jobs, chunks, history): decides the SQL, the connector runs it."""
 
-    connector: Connector
-    settings: QueueSettings
+    def __init__(self, connector: Connector, settings: QueueSettings) -> None:
+        self.connector = connector
+        self.settings = settings
 
     async def _notify(self, conn: AsyncConnection, payload: str) -> None:
         """Wake the dispatchers when `conn` commits (unless notifications are off)."""

@@ -9,7 +9,8 @@ from typing import Any
 
 from bot.errors import LeaseLost
 from bot.model import LEVELS, Chunk, ChunkState, JobId, JobState, Level
-from bot.queue.connector import to_json
+from bot.queue.base import QueueSettings, StorePart
+from bot.queue.connector import Connector, to_json
 from bot.queue.history import write_history
 from bot.queue.jobs import JobRecords
 from bot.queue.records import ChunkOutcome, EngineRunning, Leased, LevelLoad, chunk_from_row
@@ -19,8 +20,12 @@ from bot.retry import exponential_delay
 log = logging.getLogger(__name__)
 
 
-class ChunkLeases(JobRecords):
+class ChunkLeases(StorePart):
     """Chunks leased to workers one at a time; a chunk out of attempts ends its job dead."""
+
+    def __init__(self, connector: Connector, settings: QueueSettings, *, jobs: JobRecords) -> None:
+        super().__init__(connector, settings)
+        self.jobs = jobs  # a chunk out of attempts ends its job
 
     async def level_load(
         self,
@@ -230,7 +235,7 @@ class ChunkLeases(JobRecords):
                     },
                 )
             ).one()
-            await self._kill_job(conn, row.job_id, now=now, error=error, actor=owner)
+            await self.jobs.kill_job(conn, row.job_id, now=now, error=error, actor=owner)
         return ChunkOutcome(job_id=JobId(row.job_id), job_dead=True)
 
     async def release_chunk(
@@ -301,7 +306,7 @@ class ChunkLeases(JobRecords):
             ).all()
             for row in rows:
                 if row.state == ChunkState.DEAD:
-                    await self._kill_job(
+                    await self.jobs.kill_job(
                         conn,
                         row.job_id,
                         now=now,

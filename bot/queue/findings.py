@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, cast
 
+from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.diff import Side
-from bot.queue.connector import database_errors
+from bot.queue.connector import Connector
 from bot.queue.records import NO_FENCE, Fence
 from bot.queue.sql import findings as sql
 
@@ -74,16 +75,16 @@ class ReviewedHead:
 
 
 class FindingStore:
-    """Findings per pull request over the queue's database; the engine only runs the SQL."""
+    """Findings per pull request over the queue's database; the connector only runs the SQL."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.connector = Connector(engine)
 
-    async def _rows(self, statement: Any, params: dict[str, Any]) -> list[Any]:
-        with database_errors():
-            async with self._engine.connect() as conn:
-                result = await conn.execute(statement, params)
-                return list(result.all()) if result.returns_rows else []
+    async def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
+        """Every row one statement returns (none for a write without RETURNING), in autocommit."""
+        async with self.connector.single_statement() as conn:
+            result = await conn.execute(statement, params)
+            return list(result.all()) if result.returns_rows else []
 
     async def findings_of(self, pull: PullRef) -> list[StoredFinding]:
         """Everything recorded on the pull request, open and resolved."""

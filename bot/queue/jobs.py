@@ -12,7 +12,8 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bot.model import ChunkPlan, Job, JobId, JobState, PolicyDecision, ReviewRequest
-from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, to_json
+from bot.queue.base import QueueSettings, StorePart
+from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, Connector, to_json
 from bot.queue.history import write_history
 from bot.queue.levels import JobLevels
 from bot.queue.records import NO_FENCE, Fence, SubmitResult, job_from_row
@@ -50,8 +51,12 @@ def request_from_json(stored: Mapping[str, Any]) -> ReviewRequest | None:
         return None
 
 
-class JobRecords(JobLevels):
+class JobRecords(StorePart):
     """The life of a job outside its chunks: intake, planning, reading and its end."""
+
+    def __init__(self, connector: Connector, settings: QueueSettings, *, levels: JobLevels) -> None:
+        super().__init__(connector, settings)
+        self.levels = levels  # a submission or a plan may move a job's level
 
     # --- intake ---------------------------------------------------------------------------
 
@@ -205,7 +210,7 @@ class JobRecords(JobLevels):
             await conn.execute(jobs_sql.RELEASE_DEPENDENTS, {"job_id": old_id, "now": now})
         for dependency in live_dependencies:
             if dependency.level > decision.level:
-                await self._change_level(
+                await self.levels.change_level(
                     conn,
                     job_id=dependency.id,
                     level=decision.level,
@@ -233,7 +238,7 @@ class JobRecords(JobLevels):
         if job.state in (JobState.WAITING, JobState.QUEUED, JobState.RUNNING) and (
             decision.level != job.base_level
         ):
-            changed = await self._change_level(
+            changed = await self.levels.change_level(
                 conn,
                 job_id=job.id,
                 level=decision.level,
@@ -362,7 +367,7 @@ class JobRecords(JobLevels):
                         {"job_id": job_id, "reasons": to_json(list(decision.reasons))},
                     )
                 if decision.level != job.base_level and decision.level != job.level:
-                    await self._change_level(
+                    await self.levels.change_level(
                         conn,
                         job_id=job_id,
                         level=decision.level,
@@ -432,9 +437,11 @@ class JobRecords(JobLevels):
                 await self._notify(conn, "released")
         return True
 
-    async def _kill_job(
+    async def kill_job(
         self, conn: AsyncConnection, job_id: int, *, now: datetime, error: str, actor: str
     ) -> None:
+        """End a job dead in the caller's transaction (its chunk ran out of attempts): its
+        unstarted chunks cancelled, its history written, what waited for it released."""
         ended = (
             await conn.execute(
                 jobs_sql.FINISH_JOB,

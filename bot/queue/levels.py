@@ -17,7 +17,7 @@ from bot.queue.sql import jobs as jobs_sql
 class JobLevels(StorePart):
     """Level changes of live jobs and their unstarted chunks, each written to the history."""
 
-    async def _change_level(
+    async def change_level(
         self,
         conn: AsyncConnection,
         *,
@@ -29,6 +29,8 @@ class JobLevels(StorePart):
         base: bool = False,
         detail: Mapping[str, Any] | None = None,
     ) -> bool:
+        """Move a live job to `level` in the caller's transaction, with its unstarted chunks
+        and what it waits for (inheritance), written to its history; False if nothing moved."""
         row = (
             await conn.execute(
                 jobs_sql.SET_JOB_LEVEL, {"job_id": job_id, "level": int(level), "now": now}
@@ -57,7 +59,7 @@ class JobLevels(StorePart):
             ).all()
             for dependency in dependencies:
                 if dependency.level > level:
-                    await self._change_level(
+                    await self.change_level(
                         conn,
                         job_id=dependency.id,
                         level=level,
@@ -79,7 +81,7 @@ class JobLevels(StorePart):
     ) -> bool:
         """Move a live job to `level`, recorded in its history; False if nothing changed."""
         async with self.connector.transaction() as conn:
-            changed = await self._change_level(
+            changed = await self.change_level(
                 conn,
                 job_id=job_id,
                 level=level,

@@ -1,10 +1,10 @@
-"""The queue store: one object over PostgreSQL, made of parts split by what they manage.
+"""The queue store: one object over PostgreSQL, composed of parts split by what they manage.
 
 Jobs and intake (jobs.py), job levels (levels.py), chunks and their leases (chunks.py),
 posting claims (posting.py), the history (history.py) and what finished reviews cost
-(costs.py) each decide their SQL from their own named statements (bot/queue/sql/: jobs,
-chunks, posting, history, costs); the connector (connector.py) runs it; rows become models in
-one place (records.py). Slash commands keep their inbox in bot/commands/inbox.py, review
+(costs.py) are each a small class holding the connector; each decides its SQL from its own
+named statements (bot/queue/sql/), the connector (connector.py) runs it, and rows become models
+in one place (records.py). Slash commands keep their inbox in bot/commands/inbox.py, review
 findings theirs in findings.py.
 """
 
@@ -18,18 +18,74 @@ from bot.queue.chunks import ChunkLeases
 from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, Connector
 from bot.queue.costs import CostRow, JobCost, ReviewCosts
 from bot.queue.history import JobHistory
-from bot.queue.jobs import dedupe_key_for, request_from_json, request_to_json
+from bot.queue.jobs import JobRecords, dedupe_key_for, request_from_json, request_to_json
+from bot.queue.levels import JobLevels
 from bot.queue.posting import PostingClaims
 from bot.queue.records import ChunkOutcome, HistoryEntry, Leased, LevelLoad, SubmitResult
 
 
-class QueueStore(ChunkLeases, PostingClaims, JobHistory, ReviewCosts):
-    """Queue operations; decides what the SQL does, the connector only runs it."""
+class QueueStore:
+    """The queue's parts over one connector, and each part's operations under one name.
+
+    `store.chunks.fetch_chunk` and `store.fetch_chunk` are the same method: callers use the
+    store and need not know which part does what; the table below says.
+    """
 
     def __init__(self, engine: AsyncEngine, *, settings: QueueSettings | None = None) -> None:
         self.engine = engine
         self.connector = Connector(engine)
         self.settings = settings or QueueSettings()
+        self.levels = JobLevels(self.connector, self.settings)
+        self.jobs = JobRecords(self.connector, self.settings, levels=self.levels)
+        self.chunks = ChunkLeases(self.connector, self.settings, jobs=self.jobs)
+        self.posting = PostingClaims(self.connector, self.settings)
+        self.history = JobHistory(self.connector, self.settings)
+        self.costs = ReviewCosts(self.connector, self.settings)
+        # levels
+        self.set_level = self.levels.set_level
+        self.apply_aging = self.levels.apply_aging
+        # jobs
+        self.record_delivery = self.jobs.record_delivery
+        self.submit_request = self.jobs.submit_request
+        self.cancel_pull = self.jobs.cancel_pull
+        self.fetch_unplanned_jobs = self.jobs.fetch_unplanned_jobs
+        self.plan_job = self.jobs.plan_job
+        self.finish_job = self.jobs.finish_job
+        self.get_job = self.jobs.get_job
+        self.find_job = self.jobs.find_job
+        self.list_jobs = self.jobs.list_jobs
+        self.republish_status = self.jobs.republish_status
+        self.queue_position = self.jobs.queue_position
+        # chunks
+        self.level_load = self.chunks.level_load
+        self.engine_load = self.chunks.engine_load
+        self.engine_running = self.chunks.engine_running
+        self.fetch_chunk = self.chunks.fetch_chunk
+        self.move_chunk_engine = self.chunks.move_chunk_engine
+        self.heartbeat = self.chunks.heartbeat
+        self.finish_chunk = self.chunks.finish_chunk
+        self.fail_chunk = self.chunks.fail_chunk
+        self.release_chunk = self.chunks.release_chunk
+        self.rerank_continuations = self.chunks.rerank_continuations
+        self.reclaim_expired = self.chunks.reclaim_expired
+        self.chunk_results = self.chunks.chunk_results
+        self.chunk_lines = self.chunks.chunk_lines
+        # posting
+        self.unposted_jobs = self.posting.unposted_jobs
+        self.claim_posting = self.posting.claim_posting
+        self.holds_posting = self.posting.holds_posting
+        self.renew_posting_claims = self.posting.renew_posting_claims
+        self.release_posting_claims = self.posting.release_posting_claims
+        self.release_planning_claims = self.posting.release_planning_claims
+        self.defer_job = self.posting.defer_job
+        # history
+        self.job_history = self.history.job_history
+        self.record_command = self.history.record_command
+        # costs
+        self.job_cost = self.costs.job_cost
+        self.add_costs = self.costs.add_costs
+        self.cost_rows = self.costs.cost_rows
+        self.forget_old_pull_costs = self.costs.forget_old_pull_costs
 
     @classmethod
     def from_url(
