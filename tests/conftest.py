@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,10 @@ from hypothesis import settings
 from bot import devdb
 from bot.clock import VirtualClock
 from bot.db import upgrade_database
+from bot.emulator import EmulatorState, ForgeEmulator
 from bot.queue.store import QueueSettings, QueueStore
+from tests.support.pipeline_helpers import APP_ID, GITHUB_TOKEN, GITLAB_TOKEN, make_app_key
+from tests.support.vllm_cpu import prepare_environment
 
 # `make test` draws the same examples on every run, so a result says something about the code,
 # not about the draw; HYPOTHESIS_PROFILE=explore draws new ones (and finds new failures). No
@@ -80,6 +84,53 @@ async def store(db_url: str) -> AsyncIterator[QueueStore]:
 @pytest.fixture
 def clock() -> VirtualClock:
     return VirtualClock()
+
+
+@pytest.fixture(scope="session")
+def app_key() -> tuple[str, str]:
+    """A GitHub App's private key (PEM) and the public half the emulator checks its JWTs with."""
+    return make_app_key()
+
+
+@dataclass(frozen=True)
+class EmulatorSetup:
+    """How the `emulator` fixture sets up the forges; `@pytest.mark.emulator(**fields)` on a
+    module or a test changes it."""
+
+    # An empty set accepts any token, as the emulator does without a list.
+    github_tokens: frozenset[str] | set[str] | tuple[str, ...] = (GITHUB_TOKEN,)
+    gitlab_tokens: frozenset[str] | set[str] | tuple[str, ...] = (GITLAB_TOKEN,)
+    # False: the emulator reads the wall clock (the bot under test runs on it too).
+    virtual_clock: bool = True
+    # The GitHub App APP_ID, with the public half of `app_key`.
+    github_app: bool = False
+    # Anything else the state needs before the server starts (limits, pulls).
+    prepare: Callable[[EmulatorState], None] | None = None
+
+
+@pytest.fixture
+async def emulator(
+    request: pytest.FixtureRequest, clock: VirtualClock
+) -> AsyncIterator[ForgeEmulator]:
+    """The GitHub and GitLab emulator over loopback, on the test's clock, knowing the pipeline
+    helpers' tokens, unless an `emulator` mark says otherwise (EmulatorSetup)."""
+    marker = request.node.get_closest_marker("emulator")
+    setup = EmulatorSetup(*marker.args, **marker.kwargs) if marker else EmulatorSetup()
+    state = EmulatorState(clock=clock.now) if setup.virtual_clock else EmulatorState()
+    state.github_tokens.update(setup.github_tokens)
+    state.gitlab_tokens.update(setup.gitlab_tokens)
+    if setup.github_app:
+        state.register_app(APP_ID, request.getfixturevalue("app_key")[1])
+    if setup.prepare is not None:
+        setup.prepare(state)
+    async with ForgeEmulator(state) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def vllm_paths() -> dict[str, str]:
+    """The CPU vLLM's environment (scripts/vllm_cpu.sh setup, cached), for tests marked vllm."""
+    return prepare_environment()
 
 
 @pytest.fixture(autouse=True)

@@ -31,8 +31,10 @@ from bot.review.parse import parse_review
 from bot.review.quiet_post import QuietPosting
 from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
-from tests.support.pipeline_helpers import emulator_state, forge_settings, request_for
+from tests.support.pipeline_helpers import forge_settings, request_for
 from tests.support.serving import wait_until
+
+pytestmark = pytest.mark.emulator(virtual_clock=False)
 
 # As `git diff -U0` writes it: no unchanged lines around, so a line named next to a changed
 # one is not itself in the diff.
@@ -114,12 +116,6 @@ class ErringModel:
 
     async def close(self) -> None:
         return None
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(emulator_state(SystemClock())) as running:  # type: ignore[arg-type]
-        yield running
 
 
 @pytest.fixture

@@ -9,8 +9,6 @@ from datetime import datetime, timedelta
 import aiohttp
 import pytest
 from aiohttp import web
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -29,14 +27,25 @@ from bot.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_chan
 from bot.forges.base import RetryPolicy
 from bot.forges.github import GitHubClient
 from bot.obs.metrics import setup_metrics
-from tests.store.test_metrics import ClientMaker, samples
-from tests.store.test_status_publisher import APP_ID
+from tests.support.pipeline_helpers import APP_ID
+from tests.support.web import ClientMaker, samples
 
 TOKEN = "ghp-budget"
 REPO = "acme/shop"
 # A small budget, so a test fills it in a few writes: 10 a minute, no hourly window.
 TIGHT = BudgetLimits(per_minute=10, per_hour=0, min_interval_s=0.0, margin_s=0.5)
 KEY = BudgetKey("github", "installation:9")
+
+
+def _tight_with_one_pull(state: EmulatorState) -> None:
+    """GitHub's secondary limit at 10 a minute, and the pull request the comments go on."""
+    state.set_content_limits("github", per_minute=10, per_hour=0)
+    state.add_pull("github", REPO, 1, files=generate_file_changes(changed_lines=10, files=1))
+
+
+pytestmark = pytest.mark.emulator(
+    github_tokens={TOKEN}, gitlab_tokens=set(), prepare=_tight_with_one_pull
+)
 
 
 @pytest.fixture
@@ -51,35 +60,9 @@ async def engines(db_url: str) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]
 
 
 @pytest.fixture
-async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
-    state = EmulatorState(clock=clock.now)
-    state.github_tokens.add(TOKEN)
-    state.set_content_limits("github", per_minute=10, per_hour=0)
-    async with ForgeEmulator(state) as running:
-        running.state.add_pull(
-            "github", REPO, 1, files=generate_file_changes(changed_lines=10, files=1)
-        )
-        yield running
-
-
-@pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
         yield client
-
-
-def app_key() -> tuple[str, str]:
-    """A GitHub App's private key and the public key the emulator checks its JWTs with."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
-    public = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-    return private, public
 
 
 def shared(engine: AsyncEngine, clock: VirtualClock) -> PostgresWriteBudget:
@@ -257,10 +240,11 @@ async def test_a_write_that_waits_past_the_token_hour_goes_out_with_a_fresh_toke
     emulator: ForgeEmulator,
     session: aiohttp.ClientSession,
     clock: VirtualClock,
+    app_key: tuple[str, str],
 ) -> None:
     """The installation's hour of writes is spent: the next comment waits for it to turn,
     longer than the installation token it had lives. It goes out with a new token, not a 401."""
-    private, public = app_key()
+    private, public = app_key
     emulator.state.register_app(APP_ID, public)
     budget = LocalWriteBudget(
         now=clock.now,

@@ -23,8 +23,10 @@ from bot.review.planner import PlanningSettings
 from bot.review.prompt_context import BEGIN_CONTEXT, BEGIN_PULL_REQUEST
 from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
-from tests.support.pipeline_helpers import emulator_state, forge_settings, request_for
+from tests.support.pipeline_helpers import forge_settings, request_for
 from tests.support.serving import wait_until
+
+pytestmark = pytest.mark.emulator(virtual_clock=False)
 
 BASE = {
     "shop/cart.py": (
@@ -81,12 +83,6 @@ class RecordingBackend(SimulatedBackend):
     async def complete(self, request: LLMRequest) -> LLMResponse:
         self.requests.append(request)
         return await super().complete(request)
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(emulator_state(SystemClock())) as running:  # type: ignore[arg-type]
-        yield running
 
 
 @pytest.fixture

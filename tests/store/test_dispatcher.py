@@ -19,16 +19,11 @@ from bot.review.assemble import assemble_review, stored_chunk
 from bot.review.planner import PlanningSettings
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
-from bot.sim.forge import added_lines_patch, memory_forges
+from bot.sim.forge import added_lines_patch
 from tests.support.factories import decide, make_request
+from tests.support.memory_forge import FORGES, FORTY_LINE_CHUNKS, add_change
 
 pytestmark = pytest.mark.slow
-
-
-# Every test's changes live in one in-memory forge; a job's diff is 40-line files, 40 lines
-# a chunk, so a 120-line job is three chunks.
-FORGES = memory_forges(SystemClock())
-FORTY_LINE_CHUNKS = PlanningSettings(line_budget=40, first_budget=None)
 
 
 def _dispatcher(store: QueueStore, owner: str, *, time_scale: float, poll_s: float) -> Dispatcher:
@@ -75,23 +70,6 @@ async def _submit(
     )
     assert result.job_id is not None
     return result.job_id
-
-
-def add_change(
-    number: int, lines: int, *, head_sha: str, files: Sequence[FileChange] | None = None
-) -> None:
-    """Put a change of acme/payments on the forge: `files`, or `lines` in 40-line files."""
-    if files is None:
-        files = [
-            FileChange(f"src/module_{i}.py", additions=size, patch=added_lines_patch(size))
-            for i, size in enumerate(_even_parts(lines, 40))
-        ]
-    FORGES["github"].add_change("acme/payments", number, files, head_sha=head_sha)
-
-
-def _even_parts(lines: int, size: int) -> list[int]:
-    parts = [size] * (lines // size)
-    return [*parts, lines % size] if lines % size else parts or [lines]
 
 
 async def _all_done(store: QueueStore, job_ids: list[int]) -> bool:

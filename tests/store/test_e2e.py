@@ -21,7 +21,6 @@ from bot.clock import SystemClock
 from bot.config import DEFAULT_POLICY_DIR
 from bot.emulator import (
     EmulatedPull,
-    EmulatorState,
     Fault,
     ForgeEmulator,
     build_github_pull_request_event,
@@ -38,10 +37,10 @@ from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
-from tests.support.pipeline_helpers import GITHUB_TOKEN, GITLAB_TOKEN, SMELLY, forge_settings
+from tests.support.pipeline_helpers import SMELLY, forge_settings
 from tests.support.webhook_fixtures import load_payload
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.emulator(virtual_clock=False)]
 
 SECRET = "e2e-webhook-secret"
 GITLAB_SECRET = "e2e-gitlab-token"
@@ -189,15 +188,6 @@ async def job_state(store: QueueStore, job_id: int) -> JobState:
 def posted_reviews(emulator: ForgeEmulator, pull: EmulatedPull) -> list[Any]:
     kind = "review" if pull.forge == "github" else "note"
     return emulator.state.posted(kind=kind, repo=pull.repo, number=pull.number)
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[ForgeEmulator]:
-    state = EmulatorState()
-    state.github_tokens.add(GITHUB_TOKEN)
-    state.gitlab_tokens.add(GITLAB_TOKEN)
-    async with ForgeEmulator(state) as running:
-        yield running
 
 
 @pytest.fixture

@@ -33,7 +33,6 @@ from bot.review.poster import post_job_review
 from tests.support.pipeline_helpers import (
     SMELLY,
     emulator_forges,
-    emulator_state,
     request_for,
     run_all_chunks,
 )
@@ -49,12 +48,6 @@ RENAMED = FileChange(
     patch="@@ -4,3 +4,4 @@\n def total(items):\n-    return sum(items)\n"
     "+    # TODO: rounding\n+    return round(sum(items), 2)\n ",
 )
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(emulator_state(clock)) as running:
-        yield running
 
 
 @pytest.fixture

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import aiohttp
 import jwt
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.clock import VirtualClock
 from bot.config import DEFAULT_POLICY_DIR
@@ -40,36 +37,12 @@ from bot.queue.store import QueueStore
 from bot.review.planner import claim_and_plan_jobs
 from bot.review.poster import post_job_review
 from tests.conftest import shared_dir
-from tests.support.pipeline_helpers import SMELLY, forge_settings, run_all_chunks
+from tests.support.pipeline_helpers import APP_ID, SMELLY, forge_settings, run_all_chunks
 from tests.support.webhook_fixtures import load_payload
 
+pytestmark = pytest.mark.emulator(github_tokens=set(), gitlab_tokens=set(), github_app=True)
+
 REPO = "acme/shop"
-APP_ID = "4242"
-
-
-@pytest.fixture(scope="module")
-def app_key() -> tuple[str, str]:
-    """A private key for the App (PEM) and its public half, as GitHub keeps it."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-    public_pem = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-    return private_pem, public_pem
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock, app_key: tuple[str, str]) -> AsyncIterator[ForgeEmulator]:
-    state = EmulatorState(clock=clock.now)
-    state.register_app(APP_ID, app_key[1])
-    async with ForgeEmulator(state) as running:
-        yield running
 
 
 def app_client(

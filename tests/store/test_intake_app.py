@@ -8,7 +8,7 @@ import io
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from bot.config import DatabaseSettings, ForgeSettings, Settings, WebSettings
 from bot.errors import ConfigError
 from bot.model import JobState, Level
 from bot.queue.store import QueueStore
+from tests.support.web import ClientMaker
 from tests.support.webhook_fixtures import (
     GITHUB_SECRET,
     GITLAB_TOKEN,
@@ -39,7 +40,6 @@ from tests.support.webhook_fixtures import (
 SETTINGS = Settings(
     forges=ForgeSettings(github_webhook_secret=GITHUB_SECRET, gitlab_webhook_token=GITLAB_TOKEN)
 )
-ClientMaker = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 Client = TestClient[web.Request, web.Application]
 
 

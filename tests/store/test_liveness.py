@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 from sqlalchemy import text
 
 from bot.app import create_app
@@ -32,10 +32,10 @@ from bot.review.chunk_review import chunk_reviewer
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.presence import Presence, backend_engines
 from tests.support.factories import decide, make_request
+from tests.support.web import ClientMaker
 
 THRESHOLDS = {Level.P0: 10.0, Level.P1: 60.0, Level.P2: 300.0}
 STALE_S = 90.0
-ClientMaker = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 ServerMaker = Callable[..., Awaitable[TestServer]]
 
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from bot.app import create_app
 from bot.clock import VirtualClock
@@ -17,17 +13,7 @@ from bot.model import Level
 from bot.obs.metrics import METRICS_KEY, Metrics, setup_metrics, webhook_outcome
 from bot.queue.store import QueueStore
 from tests.support.factories import decide, make_request, plans
-
-ClientMaker = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
-
-
-def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a text exposition, by name and sorted labels."""
-    found: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(exposition):
-        for sample in family.samples:
-            found[sample.name, tuple(sorted(sample.labels.items()))] = sample.value
-    return found
+from tests.support.web import ClientMaker, samples
 
 
 def test_registries_are_separate_and_buckets_hold_the_thresholds() -> None:

@@ -20,15 +20,8 @@ from tests.support.pipeline_helpers import (
     LOCK,
     SMELLY,
     emulator_forges,
-    emulator_state,
     request_for,
 )
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(emulator_state(clock)) as running:
-        yield running
 
 
 @pytest.fixture

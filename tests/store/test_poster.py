@@ -9,30 +9,22 @@ import pytest
 
 from bot.clock import VirtualClock
 from bot.config import DEFAULT_POLICY_DIR
-from bot.emulator import EmulatedPull, Fault, ForgeEmulator, generate_file_changes
+from bot.emulator import Fault, ForgeEmulator, generate_file_changes
 from bot.forges.base import find_marker, render_marker
 from bot.forges.registry import ForgeRegistry
-from bot.llm.simulated import SimulatedBackend
 from bot.model import JobState
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.plan_and_post import ReviewPipeline
-from bot.review.planner import claim_and_plan_jobs
 from bot.review.poster import PostingSettings, build_review, post_job_review
 from tests.support.pipeline_helpers import (
     LOCK,
     SMELLY,
     emulator_forges,
-    emulator_state,
     request_for,
-    run_all_chunks,
+    reviewed_job,
+    reviews_of,
 )
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(emulator_state(clock)) as running:
-        yield running
 
 
 @pytest.fixture
@@ -45,34 +37,6 @@ async def forges(emulator: ForgeEmulator, clock: VirtualClock) -> AsyncIterator[
 @pytest.fixture
 def book() -> PolicyBook:
     return load_policy_book(DEFAULT_POLICY_DIR)
-
-
-async def reviewed_job(
-    store: QueueStore,
-    forges: ForgeRegistry,
-    book: PolicyBook,
-    clock: VirtualClock,
-    pull: EmulatedPull,
-) -> int:
-    """Submit, plan and run every chunk of a pull's review; returns the finished job's id."""
-    request = request_for(pull)
-    result = await store.submit_request(
-        request, evaluate(book.policy_for(request.repo), request), now=clock.now()
-    )
-    assert result.job_id is not None
-    planned = await claim_and_plan_jobs(store, forges, book, now=clock.now())
-    assert [o.result for o in planned] == ["planned"]
-    completed = await run_all_chunks(store, SimulatedBackend(), clock)
-    assert completed == [result.job_id]
-    return result.job_id
-
-
-def reviews_of(emulator: ForgeEmulator, pull: EmulatedPull) -> list[str]:
-    kind = "review" if pull.forge == "github" else "note"
-    return [
-        record.body or ""
-        for record in emulator.state.posted(kind=kind, repo=pull.repo, number=pull.number)
-    ]
 
 
 async def test_github_review_is_posted_once_with_inline_comments_and_marker(

@@ -42,7 +42,6 @@ from bot.review.quiet_post import QuietPosting
 from bot.sched.mlfq import ServiceEstimator
 from tests.support.pipeline_helpers import (
     emulator_forges,
-    emulator_state,
     forge_settings,
     run_all_chunks,
 )
@@ -219,12 +218,6 @@ class QuietBot:
         job_id = await self.send(pull, action="synchronize", before=before)
         await self.review()
         return job_id
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(emulator_state(clock)) as running:
-        yield running
 
 
 @pytest.fixture

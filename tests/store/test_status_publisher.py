@@ -11,12 +11,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import text
 
 from bot.clock import VirtualClock
-from bot.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes
+from bot.emulator import Fault, ForgeEmulator, generate_file_changes
 from bot.errors import ForgeError
 from bot.forges.base import RetryPolicy
 from bot.forges.github import GitHubClient
@@ -29,51 +27,22 @@ from bot.status.decide import PublishRules
 from bot.status.eta import Capacity
 from bot.status.publisher import StatusPublisher, StatusSettings
 from tests.support.factories import decide, plans
-from tests.support.pipeline_helpers import GITHUB_TOKEN, GITLAB_TOKEN, request_for
+from tests.support.openapi import load_shared_json, response_schema, schema_errors
+from tests.support.pipeline_helpers import APP_ID, GITHUB_TOKEN, GITLAB_TOKEN, request_for
 from tests.support.serving import wait_until
-from tests.unit.test_emulator import load_shared_json, response_schema, schema_errors
+from tests.support.statuses import app_client, publisher
+
+pytestmark = pytest.mark.emulator(github_app=True)
 
 REPO = "acme/shop"
 GITLAB_REPO = "acme/platform/api"
-APP_ID = "4242"
 FILES = generate_file_changes(changed_lines=40, files=2, seed=4)
-
-
-@pytest.fixture(scope="module")
-def app_key() -> tuple[str, str]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
-    public_pem = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-    return private_pem, public_pem
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock, app_key: tuple[str, str]) -> AsyncIterator[ForgeEmulator]:
-    state = EmulatorState(clock=clock.now)
-    state.github_tokens.add(GITHUB_TOKEN)
-    state.gitlab_tokens.add(GITLAB_TOKEN)
-    state.register_app(APP_ID, app_key[1])
-    async with ForgeEmulator(state) as running:
-        yield running
 
 
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
         yield client
-
-
-def app_client(
-    emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock, key: str
-) -> GitHubClient:
-    return GitHubClient(session, base_url=emulator.github_url, app_id=APP_ID, private_key=key,
-                        clock=clock.now, sleep=clock.sleep, post_interval_s=0.0)  # fmt: skip
 
 
 def token_client(
@@ -86,22 +55,6 @@ def token_client(
 def gitlab_client(emulator: ForgeEmulator, clock: VirtualClock) -> GitLabClient:
     return GitLabClient(url=emulator.gitlab_url, token=GITLAB_TOKEN, clock=clock.now,
                         sleep=clock.sleep, timeout_s=5.0)  # fmt: skip
-
-
-def publisher(
-    store: QueueStore,
-    forges: dict[str, Any],
-    clock: VirtualClock,
-    rules: PublishRules | None = None,
-) -> StatusPublisher:
-    return StatusPublisher(
-        store.engine,
-        forges,
-        clock=clock,
-        capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),
-        estimator=ServiceEstimator.with_prior,
-        settings=StatusSettings(neutral_at="major", rules=rules or PublishRules()),
-    )
 
 
 async def queue_burst(

@@ -13,16 +13,17 @@ from bot.emulator import ForgeEmulator
 from bot.emulator.checks import add_check_run, build_github_check_run_event
 from bot.model import JobState
 from bot.status.publisher import StatusPublisher
-from tests.store import test_commands_e2e
-from tests.store.test_commands_e2e import REPO, Harness
-from tests.store.test_status_publisher import APP_ID, app_client, app_key, publisher
-from tests.unit.test_emulator import load_shared_json
+from tests.support import commands_harness
+from tests.support.commands_harness import REPO, Harness
+from tests.support.openapi import load_shared_json
+from tests.support.pipeline_helpers import APP_ID
+from tests.support.statuses import app_client, publisher
+
+pytestmark = pytest.mark.emulator(github_tokens=set(), gitlab_tokens=set())
 
 # The slash-command harness: the app over loopback, the emulator, the command worker.
-emulator = test_commands_e2e.emulator
-forges = test_commands_e2e.forges
-harness = test_commands_e2e.harness
-app_key = app_key  # the App's key pair, made once per module
+forges = commands_harness.forges
+harness = commands_harness.harness
 
 
 @pytest.fixture

@@ -25,18 +25,17 @@ from bot.review.plan_and_post import ReviewPipeline
 from bot.review.planner import PlanningSettings, claim_and_plan_jobs
 from bot.review.poster import PostingSettings, post_job_review
 from bot.sched.dispatcher import DispatcherSettings
-from tests.store.test_poster import reviewed_job, reviews_of
 from tests.support.factories import plans
-from tests.support.pipeline_helpers import SMELLY, emulator_forges, emulator_state, request_for
+from tests.support.pipeline_helpers import (
+    SMELLY,
+    emulator_forges,
+    request_for,
+    reviewed_job,
+    reviews_of,
+)
 from tests.support.serving import wait_until
 
 LEASE_S = 10.0
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(emulator_state(clock)) as running:
-        yield running
 
 
 @pytest.fixture

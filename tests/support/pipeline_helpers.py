@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
 from bot.clock import VirtualClock
 from bot.config import ForgeSettings, Settings
 from bot.emulator import EmulatedPull, EmulatorState, ForgeEmulator
@@ -10,11 +13,14 @@ from bot.forges.registry import ForgeOptions, ForgeRegistry, build_forges
 from bot.llm.base import LLMRequest
 from bot.llm.simulated import SimulatedBackend
 from bot.model import LEVELS, FileChange, Forge, ReviewRequest
+from bot.policy import PolicyBook, evaluate
 from bot.queue.store import QueueStore
+from bot.review.planner import claim_and_plan_jobs
 from bot.review.prompts import build_messages
 
 GITHUB_TOKEN = "ghp-test-token"
 GITLAB_TOKEN = "glpat-test-token"
+APP_ID = "4242"
 
 # A patch the simulated reviewer has something to say about (debug output, a TODO, a secret).
 SMELLY_PATCH = "\n".join(
@@ -36,6 +42,20 @@ LOCK = FileChange(
     patch='@@ -1,2 +1,3 @@\n {\n-  "version": "1.0.0",\n+  "version": "1.0.1",\n+  "x": 1\n',
 )
 IMAGE = FileChange(path="docs/logo.png", status="added")
+
+
+def make_app_key() -> tuple[str, str]:
+    """A GitHub App's private key (PEM) and its public half, as GitHub keeps it."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    public_pem = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    return private_pem, public_pem
 
 
 def emulator_state(clock: VirtualClock) -> EmulatorState:
@@ -128,3 +148,31 @@ async def run_all_chunks(
         )
         if outcome.job_complete:
             completed.append(outcome.job_id)
+
+
+async def reviewed_job(
+    store: QueueStore,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+    pull: EmulatedPull,
+) -> int:
+    """Submit, plan and run every chunk of a pull's review; returns the finished job's id."""
+    request = request_for(pull)
+    result = await store.submit_request(
+        request, evaluate(book.policy_for(request.repo), request), now=clock.now()
+    )
+    assert result.job_id is not None
+    planned = await claim_and_plan_jobs(store, forges, book, now=clock.now())
+    assert [o.result for o in planned] == ["planned"]
+    completed = await run_all_chunks(store, SimulatedBackend(), clock)
+    assert completed == [result.job_id]
+    return result.job_id
+
+
+def reviews_of(emulator: ForgeEmulator, pull: EmulatedPull) -> list[str]:
+    kind = "review" if pull.forge == "github" else "note"
+    return [
+        record.body or ""
+        for record in emulator.state.posted(kind=kind, repo=pull.repo, number=pull.number)
+    ]

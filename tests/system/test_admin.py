@@ -6,14 +6,14 @@ import asyncio
 import re
 import shutil
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 
 from bot.app import create_app
 from bot.clock import EPOCH, VirtualClock
@@ -36,9 +36,9 @@ from bot.obs.metrics import read_queue_snapshot
 from bot.queue.store import QueueStore
 from tests.support.factories import decide, make_request, plans
 from tests.support.obs_helpers import replayed_database
+from tests.support.web import ClientMaker
 
 TOKEN = "admin-token-for-tests-0123456789"
-ClientMaker = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = (
     "--headless",

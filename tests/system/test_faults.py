@@ -55,7 +55,11 @@ PAUSE_BURST = 40
 COMMANDS = 6
 REPLY_MARKER_PATTERN = re.compile(r"<!-- review-bot:reply=(\d+) -->")
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # `bot serve` processes on the wall clock, taking any token.
+    pytest.mark.emulator(github_tokens=set(), gitlab_tokens=set(), virtual_clock=False),
+]
 
 
 @dataclass
@@ -317,12 +321,6 @@ def _statuses_after_the_end(state: EmulatorState) -> list[str]:
         if final and any(value in ("pending", "running") for value in states[final[0] :]):
             late.append(f"{forge} {repo} {sha[:12]}: {' -> '.join(states)}")
     return late
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(EmulatorState()) as running:
-        yield running
 
 
 @pytest.mark.parametrize("point", ["chunks running", "before posting", "post on the wire"])

@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from bot.app import create_app, create_worker_app
 from bot.clock import VirtualClock
@@ -21,8 +18,8 @@ from bot.obs.dashboard import COOKIE_NAME
 from bot.obs.metrics import Metrics, create_metrics_app
 from bot.queue.store import QueueStore
 from tests.support.serving import REPO_ROOT, free_port, start_serve
+from tests.support.web import ClientMaker
 
-ClientMaker = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 BASE = Settings(
     forges=ForgeSettings(github_webhook_secret="s", gitlab_webhook_token="t"),
     web=WebSettings(admin_token="admin-secret"),

@@ -26,9 +26,8 @@ from bot.pipeline import build_pipeline
 from bot.queue.store import QueueSettings, QueueStore
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
-from tests.store.test_dispatcher import FORGES, FORTY_LINE_CHUNKS, add_change
 from tests.support.factories import decide, make_request
-from tests.system.test_vllm_integration import vllm_paths  # noqa: F401  (fixture)
+from tests.support.memory_forge import FORGES, FORTY_LINE_CHUNKS, add_change
 
 
 def _closed_port() -> int:
@@ -427,7 +426,7 @@ asyncio.run(main())
 
 @pytest.mark.vllm
 def test_the_in_process_engine_refuses_an_overlong_prompt_as_the_http_server_does(
-    vllm_paths: dict[str, str],  # noqa: F811  (the fixture imported above)
+    vllm_paths: dict[str, str],
 ) -> None:
     """vLLM raises its own validation error for a prompt over the context length; the backend
     answers LLMRequestRejected, as the openai backend does for the server's 400."""

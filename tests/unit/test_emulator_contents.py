@@ -12,7 +12,7 @@ from bot.emulator.quiet import open_pull_from_trees
 from bot.emulator.repository import text_from_patch
 from bot.forges.registry import ForgeRegistry
 from bot.model import FileChange, Forge
-from tests.support.pipeline_helpers import emulator_forges, emulator_state
+from tests.support.pipeline_helpers import emulator_forges
 
 PATCH = "\n".join(
     [
@@ -29,12 +29,6 @@ PATCH = "\n".join(
         " end = 2",
     ]
 )
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(emulator_state(clock)) as running:
-        yield running
 
 
 @pytest.fixture

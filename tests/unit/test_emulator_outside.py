@@ -14,7 +14,9 @@ from bot.emulator.pushes import PushError, push_changes, sides_from_patch
 from bot.emulator.quiet import diff_trees
 from bot.intake.normalize import Commands, normalize_delivery
 from bot.intake.verify import Delivery
-from tests.unit.test_emulator import load_shared_json, response_schema, schema_errors
+from tests.support.openapi import load_shared_json, response_schema, schema_errors
+
+pytestmark = pytest.mark.emulator(github_tokens=set(), gitlab_tokens=set(), virtual_clock=False)
 
 AUTH = {"Authorization": "token anything"}
 BASE = {"shop/orders.py": "def load(path):\n    return open(path).read()\n"}
@@ -22,12 +24,6 @@ HEAD = {
     "shop/orders.py": "def load(path):\n    with open(path) as f:\n        return f.read()\n",
     "shop/report.py": "def report(total):\n    print(total)\n",
 }
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[ForgeEmulator]:
-    async with ForgeEmulator(EmulatorState()) as running:
-        yield running
 
 
 @pytest.fixture

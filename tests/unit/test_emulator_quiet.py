@@ -11,24 +11,20 @@ import aiohttp
 import pytest
 
 from bot.clock import VirtualClock
-from bot.emulator import EmulatorState, ForgeEmulator
+from bot.emulator import ForgeEmulator
 from bot.emulator.quiet import open_pull_from_trees, push_tree, set_default_file
 from bot.forges.quiet import quiet_forge_for
+from tests.support.openapi import call, load_shared_json, response_schema, schema_errors
 from tests.support.pipeline_helpers import GITHUB_TOKEN, emulator_forges
-from tests.unit.test_emulator import call, load_shared_json, response_schema, schema_errors
+
+pytestmark = pytest.mark.emulator(
+    github_tokens={"test-token"}, gitlab_tokens=set(), virtual_clock=False
+)
 
 REPO = "acme/shop"
 GITLAB = {"PRIVATE-TOKEN": "gl-token"}
 BASE = {"app/a.py": "a = 1\nb = 2\nc = 3\n"}
 HEAD = {"app/a.py": "a = 1\nb = 20\nc = 3\n", "app/new.py": "x = 1\n"}
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[ForgeEmulator]:
-    state = EmulatorState()
-    state.github_tokens.add("test-token")
-    async with ForgeEmulator(state) as running:
-        yield running
 
 
 @pytest.fixture

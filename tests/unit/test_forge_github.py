@@ -16,7 +16,6 @@ from gidgethub import sansio
 
 from bot.clock import VirtualClock
 from bot.emulator import (
-    EmulatorState,
     Fault,
     ForgeEmulator,
     generate_file_changes,
@@ -35,18 +34,12 @@ from bot.forges.base import (
 )
 from bot.forges.github import GitHubClient, translate_github_error
 from bot.model import FileChange
-from tests.unit.test_emulator import call, load_shared_json, schema_errors
+from tests.support.openapi import call, load_shared_json, schema_errors
+
+pytestmark = pytest.mark.emulator(github_tokens={"test-token"}, gitlab_tokens=set())
 
 SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
 REPO = "acme/shop"
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
-    state = EmulatorState(clock=clock.now)
-    state.github_tokens.add("test-token")
-    async with ForgeEmulator(state) as running:
-        yield running
 
 
 @pytest.fixture

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from bot.clock import VirtualClock
-from bot.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_changes, seed_note
+from bot.emulator import Fault, ForgeEmulator, generate_file_changes, seed_note
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     InlineComment,
@@ -20,16 +18,10 @@ from bot.forges.base import (
 from bot.forges.gitlab import GitLabClient, permission_from_access_level
 from bot.model import FileChange
 
+pytestmark = pytest.mark.emulator(github_tokens=set(), gitlab_tokens={"glpat-test"})
+
 SMALL = generate_file_changes(changed_lines=8, files=1, seed=99)
 REPO = "acme/platform/api"
-
-
-@pytest.fixture
-async def emulator(clock: VirtualClock) -> AsyncIterator[ForgeEmulator]:
-    state = EmulatorState(clock=clock.now)
-    state.gitlab_tokens.add("glpat-test")
-    async with ForgeEmulator(state) as running:
-        yield running
 
 
 def make_client(emulator: ForgeEmulator, clock: VirtualClock, **options: object) -> GitLabClient:
