@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
@@ -20,6 +21,7 @@ from bot.queue.sql import statement
 from bot.queue.store import QueueSettings, QueueStore, request_from_json, request_to_json
 from tests.support.drain_worker import drain
 from tests.support.factories import decide, make_request, plans
+from tests.support.serving import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,6 +115,44 @@ async def test_finish_needs_the_lease(store: QueueStore, clock: VirtualClock) ->
     assert job is not None and job.gpu_seconds == pytest.approx(4.0) and job.chunks_done == 2
     assert await store.finish_job(job_id, now=clock.now(), review={"posted": 1})
     assert not await store.finish_job(job_id, now=clock.now())
+
+
+async def test_two_leases_racing_for_a_new_job_start_it_once(
+    store: QueueStore, clock: VirtualClock
+) -> None:
+    job_id = await _enqueue(store, clock, number=1, level=Level.P1, lines=(5, 5))
+    lease = {
+        "levels": [int(level) for level in LEVELS],
+        "owner": "a",
+        "now": clock.now(),
+        "lease_expires_at": clock.now() + timedelta(seconds=60),
+        "max_rank": float("inf"),
+        "engine": None,
+    }
+    # One dispatcher leases the first chunk and starts the job, not yet committed; another
+    # leases the second chunk meanwhile, and waits for the job's row.
+    async with store.engine.begin() as first:
+        row = (await first.execute(chunks_sql.FETCH_CHUNK, lease)).one()
+        assert row.first_start
+        second = asyncio.create_task(
+            store.fetch_chunk(levels=LEVELS, owner="b", now=clock.now(), lease_s=60)
+        )
+
+        async def second_waits_for_the_job() -> bool:
+            waiting = await store.connector.fetch_all(
+                statement(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'"
+                ),
+                {},
+            )
+            return bool(waiting)
+
+        await wait_until(second_waits_for_the_job, timeout_s=30, what="the second lease to wait")
+    leased = await second
+    assert leased is not None and leased.chunk.job_id == job_id and not leased.first_start
+    starts = [e for e in await store.job_history(job_id) if e.reason == "first chunk started"]
+    assert [e.actor for e in starts] == ["a"]
 
 
 async def test_failure_backs_off_then_poison_job_ends_dead(

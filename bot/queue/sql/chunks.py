@@ -87,24 +87,23 @@ FETCH_CHUNK = statement(
         WHERE c.id = candidate.id
         RETURNING c.*
     ),
-    before AS (
-        SELECT j.id, j.first_started_at IS NULL AS first_start
-        FROM review_jobs j JOIN leased ON j.id = leased.job_id
-    ),
     started AS (
         -- Only a job's first chunk touches the job row: later ones need not (aging skips
-        -- jobs with a running chunk, and finishing a chunk records progress).
+        -- jobs with a running chunk, and finishing a chunk records progress). The test is on
+        -- the row itself, so of two leases racing for a new job's chunks only one starts it:
+        -- the other waits for its row lock, then finds first_started_at set.
         UPDATE review_jobs j
         SET state = 'running', first_started_at = :now, last_progress_at = :now
-        FROM before
-        WHERE j.id = before.id AND before.first_start
+        FROM leased
+        WHERE j.id = leased.job_id AND j.first_started_at IS NULL
+        RETURNING j.id
     ),
     history AS (
         INSERT INTO job_history (job_id, at, kind, from_value, to_value, reason, actor)
-        SELECT before.id, :now, 'state', 'queued', 'running', 'first chunk started', :owner
-        FROM before WHERE before.first_start
+        SELECT started.id, :now, 'state', 'queued', 'running', 'first chunk started', :owner
+        FROM started
     )
-    SELECT leased.*, before.first_start FROM leased JOIN before ON before.id = leased.job_id
+    SELECT leased.*, EXISTS (SELECT 1 FROM started) AS first_start FROM leased
     """
 )
 
