@@ -330,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--workers", type=int, default=None, help="GPU workers (default: the trace header's)"
     )
+    simulate.add_argument(
+        "--estimate",
+        choices=("line", "learned"),
+        default="line",
+        help="a review's expected work: the line over changed lines (as bot serve), or "
+        "learned per language, repository and pull request as the morning unfolds",
+    )
     simulate.add_argument("--json", action="store_true", help="print the result as JSON")
     simulate.add_argument("--keep", action="store_true", help="keep the simulation database")
     simulate.add_argument(

@@ -25,7 +25,7 @@ from bot.review.narrow import IncrementNarrower
 from bot.review.planner import PlanningOutcome, PlanningSettings, claim_and_plan_jobs
 from bot.review.poster import PostingOutcome, PostingSettings, post_job_review
 from bot.review.quiet_post import QuietPosting, post_quiet_review
-from bot.sched.mlfq import ServiceEstimator
+from bot.sched.cost import CostEstimate
 
 
 class ReviewPipeline:
@@ -55,7 +55,7 @@ class ReviewPipeline:
         self.plan_limit = plan_limit
         self._posting: dict[int, int] = {}  # job id -> posts of it running in this process
 
-    async def plan_jobs(self, now: datetime, estimator: ServiceEstimator) -> list[PlanningOutcome]:
+    async def plan_jobs(self, now: datetime, estimate: CostEstimate) -> list[PlanningOutcome]:
         """Plan pending jobs (the dispatcher's `plan_jobs`); jobs with nothing to review post."""
         outcomes = await claim_and_plan_jobs(
             self.store,
@@ -63,7 +63,7 @@ class ReviewPipeline:
             self.policy,
             now=now,
             limit=self.plan_limit,
-            estimator=estimator,
+            estimate=estimate,
             settings=self.planning,
             scope_review=self.scope_review,
         )

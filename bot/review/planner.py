@@ -28,7 +28,8 @@ from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET, plan_
 from bot.review.context_fetch import files_to_read, read_sources, with_contexts
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.narrow import ReviewScope
-from bot.sched.mlfq import SchedulingPolicy, ServiceEstimator, queue_ranks, rank_chunks
+from bot.sched.cost import CostEstimate, ReviewFeatures, chunk_file_lines
+from bot.sched.mlfq import SchedulingPolicy, queue_ranks, rank_chunks
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class ReviewPlan:
     additions: int
     deletions: int
     diff: Mapping[str, Any]
+    # The review's expected work beyond the calls' overhead that ranked it (None: not ranked).
+    expected_work_s: float | None = None
 
     @property
     def details(self) -> dict[str, Any]:
@@ -100,6 +103,7 @@ class PlanningOutcome:
     # A planned job's chunk sizes and `rank_chunks` ranks (the dispatcher re-ranks from them).
     chunk_lines: tuple[int, ...] = ()
     ranks: tuple[float, ...] = ()
+    expected_work_s: float | None = None
 
 
 def request_of(job: Job) -> ReviewRequest | None:
@@ -131,12 +135,13 @@ def build_review_plan(
     book: PolicyBook | None,
     *,
     settings: PlanningSettings | None = None,
-    estimator: ServiceEstimator | None = None,
+    estimate: CostEstimate | None = None,
 ) -> ReviewPlan:
     """Chunk a fetched diff, list skipped files with reasons, rank the chunks (pure).
 
-    Ranks are `rank_chunks` ranks (each chunk's expected remaining work); what the queue
-    stores is `queue_ranks` of them, so a job's continuations share one rank.
+    Ranks are `rank_chunks` ranks (each chunk's expected remaining work, from the review's
+    cost as `estimate` predicts it); what the queue stores is `queue_ranks` of them, so a
+    job's continuations share one rank.
     """
     settings = settings or PlanningSettings()
     result = plan_chunks(
@@ -158,8 +163,17 @@ def build_review_plan(
     deletions = sum(change.deletions for change in changes.files)
     files_changed = changes.total_files or len(changes.files)
     lines = [chunk.lines for chunk in result.chunks]
+    expected_work_s: float | None = None
     if settings.time_slicing:
-        ranks = rank_chunks(lines, estimator=estimator or ServiceEstimator.with_prior())
+        estimate = estimate or CostEstimate()
+        features = ReviewFeatures.of(
+            forge=job.forge,
+            repo=job.repo,
+            number=job.number,
+            files=chunk_file_lines(chunk.files for chunk in result.chunks),
+        )
+        expected_work_s = estimate.predict(features, chunks=len(lines)).work_s
+        ranks = rank_chunks(lines, estimator=estimate.fallback, expected_work_s=expected_work_s)
     else:
         ranks = (0.0,) * len(lines)
     return ReviewPlan(
@@ -179,6 +193,7 @@ def build_review_plan(
             "truncated": changes.truncated,
             "total_files": changes.total_files,
         },
+        expected_work_s=expected_work_s,
     )
 
 
@@ -189,7 +204,7 @@ async def plan_one_job(
     job: Job,
     *,
     now: datetime,
-    estimator: ServiceEstimator | None = None,
+    estimate: CostEstimate | None = None,
     settings: PlanningSettings | None = None,
     scope_review: ScopeReview | None = None,
 ) -> PlanningOutcome:
@@ -244,7 +259,7 @@ async def plan_one_job(
     if scope is not None:
         changes = scope.changes
     try:
-        plan = build_review_plan(job, changes, book, settings=settings, estimator=estimator)
+        plan = build_review_plan(job, changes, book, settings=settings, estimate=estimate)
     except ValueError as exc:
         error = f"the diff cannot be chunked: {exc}"
         await store.finish_job(
@@ -310,6 +325,7 @@ async def plan_one_job(
         skipped=len(plan.skipped),
         chunk_lines=tuple(chunk.lines for chunk in plan.chunks),
         ranks=plan.ranks,
+        expected_work_s=plan.expected_work_s,
     )
 
 
@@ -342,7 +358,7 @@ async def claim_and_plan_jobs(
     *,
     now: datetime,
     limit: int = 10,
-    estimator: ServiceEstimator | None = None,
+    estimate: CostEstimate | None = None,
     settings: PlanningSettings | None = None,
     scope_review: ScopeReview | None = None,
 ) -> list[PlanningOutcome]:
@@ -359,7 +375,7 @@ async def claim_and_plan_jobs(
             policy,
             job,
             now=now,
-            estimator=estimator,
+            estimate=estimate,
             settings=settings,
             scope_review=scope_review,
         )

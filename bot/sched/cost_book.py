@@ -3,6 +3,8 @@ maintenance pass (other processes' reviews), added to as this process's reviews 
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
@@ -23,6 +25,8 @@ from bot.sched.mlfq import ServiceEstimator
 
 # A pull request's last review is remembered this long after it finished.
 PULL_MEMORY = timedelta(days=30)
+# How many of the last reviews the estimate's error is kept for.
+ERRORS_KEPT = 2000
 
 
 def model_from_rows(rows: Iterable[CostRow], base: CostModel | None = None) -> CostModel:
@@ -57,6 +61,12 @@ class CostBook:
         self.store = store
         self.model = model or CostModel()
         self.learned = 0  # reviews this process learnt from
+        # |predicted - measured| / measured engine seconds of the last reviews finished here.
+        self.errors: deque[float] = deque(maxlen=ERRORS_KEPT)
+
+    def median_error(self) -> float | None:
+        """Median absolute percentage error of the last reviews' estimates (None: none yet)."""
+        return statistics.median(self.errors) if self.errors else None
 
     async def load(self, now: datetime) -> CostModel:
         """Read every process's sums; returns the model now in use."""
@@ -64,10 +74,24 @@ class CostBook:
         self.model = model_from_rows(rows, self.model)
         return self.model
 
-    async def learn(self, job_id: int, now: datetime, fallback: ServiceEstimator) -> bool:
-        """Add a finished job's measured cost to its groups; False when it ran no chunk."""
+    async def learn(
+        self,
+        job_id: int,
+        now: datetime,
+        fallback: ServiceEstimator,
+        *,
+        predicted_work_s: float | None = None,
+        learn: bool = True,
+    ) -> bool:
+        """Add a finished job's measured cost to its groups (unless `learn` is off) and count
+        the error of its `predicted_work_s`; False when it ran no chunk."""
         cost = await self.store.job_cost(job_id)
         if cost is None or cost.chunks <= 0:
+            return False
+        if predicted_work_s is not None and cost.engine_s > 0:
+            predicted = cost.chunks * fallback.overhead_s + predicted_work_s
+            self.errors.append(abs(predicted - cost.engine_s) / cost.engine_s)
+        if not learn:
             return False
         features = ReviewFeatures.of(
             forge=cost.forge,

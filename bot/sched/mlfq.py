@@ -257,13 +257,17 @@ def expected_remaining_s(
     done_chunks: int,
     done_gpu_s: float,
     estimator: ServiceEstimator,
+    expected_work_s: float | None = None,
 ) -> float:
-    """Expected GPU seconds a job still needs; its own finished chunks beat the global estimate."""
+    """Expected GPU seconds a job still needs; its own finished chunks beat the estimate of
+    its work (`expected_work_s`, the learned one, else the estimator's line)."""
     if remaining_chunks <= 0:
         return 0.0
     total = max(1, total_lines)
     if done_chunks > 0 and done_lines > 0:
         work = max(0.0, done_gpu_s - done_chunks * estimator.overhead_s) * total / done_lines
+    elif expected_work_s is not None:
+        work = expected_work_s
     else:
         work = estimator.expected_work(total)
     return remaining_chunks * estimator.overhead_s + work * remaining_lines / total
@@ -278,6 +282,7 @@ def rank_job(
     done_chunks: int = 0,
     done_gpu_s: float = 0.0,
     estimator: ServiceEstimator,
+    expected_work_s: float | None = None,
 ) -> float:
     """Sort key within a level (smaller runs first): expected remaining GPU seconds."""
     return round(
@@ -289,6 +294,7 @@ def rank_job(
             done_chunks=done_chunks,
             done_gpu_s=done_gpu_s,
             estimator=estimator,
+            expected_work_s=expected_work_s,
         ),
         3,
     )
@@ -335,6 +341,7 @@ def rank_chunks(
     first_seq: int = 0,
     new_work_first: bool = True,
     fresh_by_first_chunk: bool = False,
+    expected_work_s: float | None = None,
 ) -> tuple[float, ...]:
     """Ranks for a job's chunks from `first_seq` on (smaller runs first).
 
@@ -343,7 +350,8 @@ def rank_chunks(
     the whole job's expected work, shortest review first, which is what minimizes turnaround
     (push to posted review); `fresh_by_first_chunk` ranks it by its own small cost instead,
     which starts large reviews sooner (time to first chunk) and finishes everything later
-    (morning burst: mean turnaround 92.3 s against 90.1 s).
+    (morning burst: mean turnaround 92.3 s against 90.1 s). `expected_work_s` is the whole
+    job's expected work beyond the calls' overhead (bot.sched.cost), when known.
     """
     total = sum(chunk_lines)
     ranks: list[float] = []
@@ -356,6 +364,7 @@ def rank_chunks(
             done_chunks=done_chunks,
             done_gpu_s=done_gpu_s,
             estimator=estimator,
+            expected_work_s=expected_work_s,
         )
         if seq == 0 and fresh_by_first_chunk:
             remaining = rank_job(
@@ -363,6 +372,7 @@ def rank_chunks(
                 remaining_lines=chunk_lines[0],
                 remaining_chunks=1,
                 estimator=estimator,
+                expected_work_s=expected_work_s,
             )
         ranks.append(Rank(continuation=new_work_first and seq > 0, seconds=remaining).packed)
     return tuple(ranks)
@@ -381,10 +391,18 @@ def queue_ranks(ranks: Sequence[float]) -> tuple[float, ...]:
     return (ranks[0],) + (ranks[1],) * (len(ranks) - 1)
 
 
-def expected_chunk_s(*, chunk_lines: int, job_lines: int, estimator: ServiceEstimator) -> float:
-    """Expected GPU seconds of one chunk covering `chunk_lines` of a `job_lines` review."""
+def expected_chunk_s(
+    *,
+    chunk_lines: int,
+    job_lines: int,
+    estimator: ServiceEstimator,
+    expected_work_s: float | None = None,
+) -> float:
+    """Expected GPU seconds of one chunk covering `chunk_lines` of a `job_lines` review (whose
+    work beyond overhead is `expected_work_s` when known, else the estimator's line)."""
     total = max(1, job_lines, chunk_lines)
-    return estimator.overhead_s + estimator.expected_work(total) * max(0, chunk_lines) / total
+    work = estimator.expected_work(total) if expected_work_s is None else expected_work_s
+    return estimator.overhead_s + work * max(0, chunk_lines) / total
 
 
 @dataclass(frozen=True, slots=True)

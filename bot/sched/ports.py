@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from bot.model import Job
 from bot.queue.store import Leased
-from bot.sched.mlfq import ServiceEstimator
+from bot.sched.cost import CostEstimate
 
 
 class CallUsage(Protocol):
@@ -49,6 +49,8 @@ class PlannedJob(Protocol):
     def chunk_lines(self) -> tuple[int, ...]: ...
     @property
     def ranks(self) -> tuple[float, ...]: ...
+    @property
+    def expected_work_s(self) -> float | None: ...
 
 
 # Reviews one leased chunk (prompt, LLM call, parse) on the named engine, if any: the review
@@ -58,9 +60,9 @@ JobCompleted = Callable[[int, datetime], Awaitable[None]]
 # Told of a running chunk the dispatcher took back for P0 work (the replay drops its completion).
 ChunkPreempted = Callable[[Leased, datetime], Awaitable[None]]
 # Plans pending jobs (bot.review.planner through the pipeline: the diff fetched and chunked,
-# forge errors retried or ending the job); gets the current estimator for the ranks, returns
-# what it did to each job (a planned job's chunk sizes and ranks among it).
-PlanJobs = Callable[[datetime, ServiceEstimator], Awaitable[Sequence[PlannedJob]]]
+# forge errors retried or ending the job); gets the current cost estimate for the ranks,
+# returns what it did to each job (a planned job's chunk sizes and ranks among it).
+PlanJobs = Callable[[datetime, CostEstimate], Awaitable[Sequence[PlannedJob]]]
 
 
 __all__ = [

@@ -25,6 +25,9 @@ class JobFacts:
     ranks: tuple[float, ...] = ()  # rank_chunks ranks from chunk `ranks_from` on
     ranks_from: int = 0
     stored_rank: float | None = None  # what the queued continuations carry now
+    # The job's expected work beyond the calls' overhead when planned (bot.sched.cost); None
+    # for a job another process planned: the estimator's line stands in.
+    expected_work_s: float | None = None
 
 
 class ContinuationRanks:
@@ -43,6 +46,7 @@ class ContinuationRanks:
             chunk_lines=outcome.chunk_lines,
             ranks=outcome.ranks,
             stored_rank=outcome.ranks[1] if len(outcome.ranks) > 1 else None,
+            expected_work_s=outcome.expected_work_s,
         )
 
     def known(self, job_id: int) -> JobFacts | None:
@@ -95,6 +99,7 @@ class ContinuationRanks:
             done_chunks=facts.done_chunks,
             done_gpu_s=facts.done_gpu_s,
             first_seq=facts.next_seq,
+            expected_work_s=facts.expected_work_s,
         )
         facts.ranks_from = facts.next_seq
         await self._store_rank(job_id, facts, now)

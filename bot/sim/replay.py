@@ -115,6 +115,7 @@ async def replay_trace(
     window: WindowSettings | None = None,
     forge_budget: BudgetLimits | None = None,
     estimator: ServiceEstimator | None = None,
+    learned_costs: bool = False,
 ) -> dict[str, Any]:
     """Replay `trace` against the (already migrated) database; returns the summary object.
 
@@ -188,6 +189,7 @@ async def replay_trace(
             owner="replay",
             lease_s=86400.0,
             mlfq=mlfq or MlfqSettings.from_scheduler_settings(SchedulerSettings()),
+            learned_costs=learned_costs,
         ),
         planning=planning,
         build_request=build_request,
@@ -314,6 +316,13 @@ async def replay_trace(
     result["preempted_first_chunks"] = waste["first_chunks"]
     result["wasted_gpu_s"] = round(waste["gpu_s"], 3)
     result["recomputed_tokens"] = dispatcher.recomputed_tokens
+    if policy == "mlfq":
+        error = dispatcher.costs.median_error()
+        result["estimate"] = {
+            "learned": dispatcher.learns_costs,
+            "reviews": len(dispatcher.costs.errors),
+            "mdape": None if error is None else round(error, 4),
+        }
     if batched is not None and pool is not None:
         result["batching"] = batched.summary(float(result.get("makespan_s") or 0.0))
         result["batching"]["windows"] = {
@@ -395,6 +404,7 @@ def run_simulation(
     record_eta: bool = False,
     batching: BatchingProfile | None = None,
     forge_budget: BudgetLimits | None = None,
+    learned_costs: bool = False,
 ) -> dict[str, Any]:
     """Replay a trace on a fresh database on the server at `database_url`; the summary object."""
     loaded = trace if isinstance(trace, Trace) else load_trace(trace)
@@ -410,6 +420,7 @@ def run_simulation(
             record_eta=record_eta,
             batching=batching,
             forge_budget=forge_budget,
+            learned_costs=learned_costs,
         )
     )
 
@@ -428,6 +439,7 @@ async def simulate(
     batching: BatchingProfile | None = None,
     forge_budget: BudgetLimits | None = None,
     estimator: ServiceEstimator | None = None,
+    learned_costs: bool = False,
 ) -> dict[str, Any]:
     """Async form of run_simulation (for callers already in an event loop)."""
     started = time.perf_counter()
@@ -444,6 +456,7 @@ async def simulate(
             batching=batching,
             forge_budget=forge_budget,
             estimator=estimator,
+            learned_costs=learned_costs,
         )
     result["wall_s"] = round(time.perf_counter() - started, 3)
     return result
@@ -558,6 +571,7 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
             record_eta=policy == "mlfq" and batched is None,
             batching=batched,
             forge_budget=budget,
+            learned_costs=getattr(args, "estimate", "line") == "learned",
         )
 
     def runs(url: str) -> dict[str, Any]:
@@ -576,7 +590,8 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.json:
         wall = result.pop("wall_s", None)
-        for extra in ("level_changes", "preemptions", "preempted_first_chunks", "wasted_gpu_s"):
+        extras = ("level_changes", "preemptions", "preempted_first_chunks", "wasted_gpu_s")
+        for extra in (*extras, "estimate"):
             result.pop(extra, None)
         print(json.dumps(result))
         if wall is not None:
@@ -584,6 +599,13 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     profile = service_profile([request.service_s for request in trace.requests])
     print(render_text(result, profile))
+    if result.get("estimate", {}).get("mdape") is not None:
+        estimate = result["estimate"]
+        how = "learned" if estimate["learned"] else "the line over changed lines"
+        print(
+            f"estimate of a review's engine seconds ({how}): median error "
+            f"{estimate['mdape']:.1%} over {estimate['reviews']} reviews"
+        )
     if "eta" in result:
         print(render_eta_errors(result["eta"]))
     if "forge_budget" in result:

@@ -39,7 +39,7 @@ from bot.queue.store import QueueSettings, QueueStore
 from bot.review.plan_and_post import ReviewPipeline
 from bot.review.prompts import build_messages
 from bot.review.quiet_post import QuietPosting
-from bot.sched.mlfq import ServiceEstimator
+from bot.sched.cost import CostEstimate
 from tests.support.pipeline_helpers import (
     emulator_forges,
     forge_settings,
@@ -207,7 +207,7 @@ class QuietBot:
     async def review(self) -> None:
         """Plan what is pending, run every chunk, post what finished."""
         self.clock.advance(1)
-        await self.pipeline.plan_jobs(self.clock.now(), ServiceEstimator.with_prior())
+        await self.pipeline.plan_jobs(self.clock.now(), CostEstimate())
         for job_id in await run_all_chunks(self.store, self.backend, self.clock):
             await self.pipeline.job_completed(job_id, self.clock.now())
 
@@ -541,7 +541,7 @@ async def test_a_push_while_a_review_runs_lets_it_finish_and_reviews_what_came_a
     head = {**BASE_TREE, "app/core.py": "def core(value):\n    return eval(value)\n"}
     pull = open_pull_from_trees(state, "github", "acme/shop", 15, base=BASE_TREE, head=head)
     first = await bot.send(pull, action="opened")
-    await bot.pipeline.plan_jobs(clock.now(), ServiceEstimator.with_prior())
+    await bot.pipeline.plan_jobs(clock.now(), CostEstimate())
     leased = await store.fetch_chunk(levels=LEVELS, owner="worker", now=clock.now(), lease_s=60)
     assert leased is not None and leased.chunk.job_id == first  # the review is running
 
@@ -549,7 +549,7 @@ async def test_a_push_while_a_review_runs_lets_it_finish_and_reviews_what_came_a
     second = await bot.send(pull, action="synchronize")
     running = await store.get_job(first)
     assert running is not None and running.state == JobState.RUNNING  # not superseded
-    await bot.pipeline.plan_jobs(clock.now(), ServiceEstimator.with_prior())
+    await bot.pipeline.plan_jobs(clock.now(), CostEstimate())
     waiting = await store.get_job(second)
     assert waiting is not None and not waiting.planned  # it plans after the running review
 
