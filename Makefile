@@ -1,4 +1,7 @@
-# Two commands: `make demo` runs the bot on embedded defaults, `make test` runs every test.
+# `make demo` runs the bot on embedded defaults, `make test` runs the linters and every test
+# (CI runs it: .ci/run), `make check` runs ruff and the unit tests (tests/unit) in seconds.
+# Tests sit by cost: tests/unit (no database, no subprocess), tests/store (PostgreSQL and
+# aiohttp in-process), tests/system (processes, fault drills, replayed mornings, the CPU vLLM).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -6,7 +9,7 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 LLM ?= simulated
 
-.PHONY: test demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm bench-engine bench-review bench-forge clean
+.PHONY: test check demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm bench-engine bench-review bench-forge clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +35,11 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
+
+check: $(STAMP)
+	$(BIN)/ruff check bot tests bench migrations
+	$(BIN)/ruff format --check bot tests bench migrations
+	$(BIN)/python -m pytest -q -n 2 tests/unit
 
 test-vllm: $(STAMP)
 	$(BIN)/python -m pytest -m vllm -v

@@ -42,10 +42,16 @@ def pg_server() -> Iterator[str]:
         yield url
 
 
+# Under pytest-xdist every worker is its own session: it migrates its own template and names
+# every database it makes after itself (gw0, gw1, ...; "main" without workers), with its pid
+# and a random suffix, and drops only those, so workers never copy, hold or drop another's.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
 @pytest.fixture(scope="session")
 async def template_database(pg_server: str) -> AsyncIterator[str]:
-    """A database migrated to head once, copied for every test."""
-    name = devdb.unique_database_name("rbt_template")
+    """A database migrated to head once per worker, copied for every test of that worker."""
+    name = devdb.unique_database_name(f"rbt_template_{WORKER}")
     url = await devdb.create_database(pg_server, name)
     try:
         await upgrade_database(url)
@@ -57,7 +63,7 @@ async def template_database(pg_server: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def db_url(pg_server: str, template_database: str) -> AsyncIterator[str]:
     """A fresh migrated database for one test, dropped after it."""
-    name = devdb.unique_database_name("rbt")
+    name = devdb.unique_database_name(f"rbt_{WORKER}")
     url = await devdb.create_database(pg_server, name, template=template_database)
     try:
         yield url
@@ -68,7 +74,7 @@ async def db_url(pg_server: str, template_database: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def empty_db_url(pg_server: str) -> AsyncIterator[str]:
     """A fresh database with no schema at all."""
-    async with devdb.scratch_database(pg_server, "rbt_empty") as url:
+    async with devdb.scratch_database(pg_server, f"rbt_empty_{WORKER}") as url:
         yield url
 
 
@@ -131,6 +137,20 @@ async def emulator(
 def vllm_paths() -> dict[str, str]:
     """The CPU vLLM's environment (scripts/vllm_cpu.sh setup, cached), for tests marked vllm."""
     return prepare_environment()
+
+
+# The CPU vLLM's first set-up installs an environment (scripts/vllm_cpu.sh, up to 3,000 s) and
+# its server may take 1,000 s to start: its tests keep their own bounds, not the default.
+VLLM_TIMEOUT_S = 4500
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The CPU vLLM tests share one worker, so one server starts and one set-up runs."""
+    for item in items:
+        if item.get_closest_marker("vllm"):
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+            item.add_marker(pytest.mark.timeout(VLLM_TIMEOUT_S))
 
 
 @pytest.fixture(autouse=True)
