@@ -138,7 +138,7 @@ async def replay_trace(
         # The engine model has no prefix cache: a prefill costs the same on every engine, so
         # a review's chunk never waits for its home engine here (it still goes home when
         # there is room).
-        settings = replace(window or WindowSettings(), affinity_prefill_s=0.0)
+        settings = (window or WindowSettings()).model_copy(update={"affinity_prefill_s": 0.0})
         pool = EnginePool.build(names, settings, now=clock.now())
         batched = BatchedEngines(batching, names)
     tracked: dict[str, _Tracked] = {}
