@@ -206,8 +206,9 @@ async def handle_live(request: web.Request) -> web.Response:
     return web.json_response({"status": "alive"})
 
 
-def check_webhook_secrets(settings: Settings) -> None:
-    """Refuse to run without webhook secrets unless in insecure development mode."""
+def missing_webhook_secrets(settings: Settings) -> list[str]:
+    """The webhook secrets that are unset; raises ConfigError when both are, unless in
+    insecure development mode."""
     missing = [
         name
         for name, value in (
@@ -216,6 +217,17 @@ def check_webhook_secrets(settings: Settings) -> None:
         )
         if not value
     ]
+    if len(missing) == 2 and not settings.web.insecure_dev:
+        raise ConfigError(
+            "set GITHUB_WEBHOOK_SECRET and/or GITLAB_WEBHOOK_TOKEN (or REVIEW_BOT_INSECURE_DEV=1 "
+            "for local development only): refusing to accept unsigned webhooks"
+        )
+    return missing
+
+
+def check_webhook_secrets(settings: Settings) -> None:
+    """Refuse to run without webhook secrets unless in insecure development mode."""
+    missing = missing_webhook_secrets(settings)
     if not missing:
         return
     if settings.web.insecure_dev:
@@ -226,11 +238,6 @@ def check_webhook_secrets(settings: Settings) -> None:
             extra={"action": "insecure_dev"},
         )
         return
-    if len(missing) == 2:
-        raise ConfigError(
-            "set GITHUB_WEBHOOK_SECRET and/or GITLAB_WEBHOOK_TOKEN (or REVIEW_BOT_INSECURE_DEV=1 "
-            "for local development only): refusing to accept unsigned webhooks"
-        )
     log.warning(
         "%s unset: that forge's webhooks are refused with 401",
         missing[0],

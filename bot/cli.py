@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -37,9 +38,12 @@ def _require_database(settings: Settings) -> str:
 
 
 def _command_db(args: argparse.Namespace, settings: Settings) -> int:
-    from bot.db import current_head, downgrade_database, upgrade_database
+    from bot.db import current_head, downgrade_database, upgrade_database, wait_for_database
 
     url = _require_database(settings)
+    if args.db_command in ("upgrade", "downgrade"):
+        # A database that cannot be used is named before "migrating ..." is logged.
+        asyncio.run(wait_for_database(url, wait_s=0, backoff_s=settings.database.outage_backoff_s))
     if args.db_command == "upgrade":
         asyncio.run(upgrade_database(url, args.revision))
         print(f"database at {args.revision}")
@@ -445,12 +449,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
+    settings: Settings | None = None
     try:
         settings = load_settings()
         result: int = args.handler(args, settings)
+        sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
         return result
-    except ReviewBotError as exc:
-        print(f"bot: error: {exc}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        return closed_stdout()
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        talks_to_database = settings is not None and args.command in DATABASE_COMMANDS
+        url = settings.database.url if talks_to_database and settings is not None else None
+        message = error_line(exc, database_url=url)
+        if message is None:
+            raise
+        print(f"bot: error: {message}", file=sys.stderr)
+        return 2
+
+
+# The commands that talk to DATABASE_URL and nothing else, so a refused connection is its.
+DATABASE_COMMANDS = frozenset({"db", "queue", "check", "report", "simulate"})
+
+
+def error_line(error: Exception, *, database_url: str | None) -> str | None:
+    """The one line a command exits 2 with: a database that refused the connection or does
+    not answer (named, its password masked), or one of our own errors; None for a bug."""
+    from bot.database_url import masked_url
+    from bot.db import connect_problem
+
+    problem = connect_problem(error) if database_url else None
+    if problem is not None and database_url:
+        return f"database {masked_url(database_url)}: {problem.reason}"
+    if isinstance(error, ReviewBotError):
+        return str(error)
+    return None
+
+
+def closed_stdout() -> int:
+    """Exit status 141 (128 + SIGPIPE, what a shell reports for `yes | head -1`) when the
+    reader of standard output went away, without a traceback; Python's recipe: point stdout
+    at /dev/null so the flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141

@@ -115,6 +115,13 @@ class DatabaseSettings(Section):
         "first pause after the database is lost; doubles, with jitter, up to 30 s until it is back",
         gt=0,
     )
+    start_wait_s: float = knob(
+        30.0,
+        "REVIEW_BOT_DB_START_WAIT_S",
+        "how long `bot serve` waits at start for a database that does not answer yet (one "
+        "started with it) before it exits 2; a database or role that does not exist exits at once",
+        ge=0,
+    )
 
     @field_validator("url")
     @classmethod

@@ -54,9 +54,23 @@ def async_url(url: str) -> str:
     return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
+def masked_url(url: str) -> str:
+    """The URL to show in messages: its password as `***`."""
+    try:
+        return _parse(url).render_as_string(hide_password=True)
+    except ConfigError:
+        return "(not a PostgreSQL URL)"
+
+
 def database_url_with_name(url: str, name: str) -> str:
     """The plain URL of database `name` on the server of `url`."""
     return _parse(url).set(database=name).render_as_string(hide_password=False)
 
 
-__all__ = ["async_url", "database_url_with_name", "normalize_database_url", "plain_url"]
+__all__ = [
+    "async_url",
+    "database_url_with_name",
+    "masked_url",
+    "normalize_database_url",
+    "plain_url",
+]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from alembic import command
 from alembic.config import Config
@@ -14,8 +15,9 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from bot.database_url import async_url, plain_url
+from bot.database_url import async_url, masked_url, plain_url
 from bot.errors import ConfigError, StoreError, StoreUnavailable
+from bot.outage import OutageWatch
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,46 @@ def is_database_unavailable(error: BaseException) -> bool:
     return False
 
 
+# SQLSTATEs of a connection refused for good: no such database (invalid_catalog_name), no such
+# role or not allowed by pg_hba.conf (invalid_authorization_specification), a wrong password.
+REFUSED_SQLSTATES = frozenset({"3D000", "28000", "28P01"})
+
+
+class ConnectProblem(NamedTuple):
+    """Why a connection failed, in one line; `lasting` when waiting will not help."""
+
+    reason: str
+    lasting: bool
+
+
+def connect_problem(error: BaseException) -> ConnectProblem | None:
+    """What a failed connection says is wrong with the database or its address: the server's
+    own words when it refused the database, role or password (lasting), or that nothing
+    answers there (passing: it may be starting); None for any other error."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, "sqlstate", None) in REFUSED_SQLSTATES:
+            return ConnectProblem(first_line(current), lasting=True)
+        if isinstance(current, ConnectionRefusedError):
+            return ConnectProblem("nothing listens there (connection refused)", lasting=False)
+        if isinstance(current, socket.gaierror):
+            return ConnectProblem(f"unknown host ({current.strerror})", lasting=False)
+        origin = getattr(current, "orig", None)
+        current = (
+            origin
+            if isinstance(origin, BaseException)
+            else (current.__cause__ or current.__context__)
+        )
+    return None
+
+
+def first_line(error: BaseException) -> str:
+    """An error's message up to its first line break (drivers append background notes)."""
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
 UNDEFINED_TABLE = "42P01"
 
 
@@ -156,6 +198,36 @@ def translate_database_error(error: BaseException, *, what: str = "database erro
             f" ({origin})"
         )
     return StoreError(f"{what}: {error}")
+
+
+async def wait_for_database(url: str, *, wait_s: float, backoff_s: float) -> None:
+    """Return once the database takes a connection, waiting up to `wait_s` for one that does
+    not answer yet (started together); raises ConfigError, naming the database, when it
+    refuses for good (no such database or role) or did not answer in time."""
+    engine = create_engine(url, pool_size=1, application_name="review-bot-start")
+    outage = OutageWatch("start-up", base_s=backoff_s)
+    deadline = asyncio.get_running_loop().time() + wait_s
+    try:
+        while True:
+            try:
+                async with engine.connect():
+                    break
+            except Exception as exc:
+                problem = connect_problem(exc)
+                if problem is None and is_database_unavailable(exc):
+                    problem = ConnectProblem(first_line(exc), lasting=False)  # starting up
+                if problem is None:
+                    raise
+                left = deadline - asyncio.get_running_loop().time()
+                if problem.lasting or left <= 0:
+                    waited = "" if problem.lasting or not wait_s else f" after {wait_s:g} s"
+                    raise ConfigError(
+                        f"database {masked_url(url)}: {problem.reason}{waited}"
+                    ) from None
+                await asyncio.sleep(min(outage.lost(exc), left))
+    finally:
+        await engine.dispose()
+    outage.recovered()
 
 
 def alembic_config(url: str) -> Config:
@@ -197,4 +269,5 @@ __all__ = [
     "downgrade_database",
     "plain_url",
     "upgrade_database",
+    "wait_for_database",
 ]

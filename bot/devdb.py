@@ -25,7 +25,8 @@ from pathlib import Path
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from bot.database_url import database_url_with_name, plain_url
+from bot.database_url import database_url_with_name, masked_url, plain_url
+from bot.db import connect_problem
 from bot.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -246,8 +247,15 @@ def unique_database_name(prefix: str = "review_bot") -> str:
 
 
 async def create_database(server_url: str, name: str, *, template: str | None = None) -> str:
-    """Create database `name` (optionally from a template); returns its URL."""
-    conn = await asyncpg.connect(plain_url(server_url), timeout=10)
+    """Create database `name` (optionally from a template); returns its URL. Raises
+    ConfigError, naming the server's URL, when it refuses the connection or is not there."""
+    try:
+        conn = await asyncpg.connect(plain_url(server_url), timeout=10)
+    except Exception as exc:
+        problem = connect_problem(exc)
+        if problem is None:
+            raise
+        raise ConfigError(f"database {masked_url(server_url)}: {problem.reason}") from None
     try:
         clause = f' TEMPLATE "{template}"' if template else ""
         await conn.execute(f'CREATE DATABASE "{name}"{clause}')

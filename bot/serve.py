@@ -14,20 +14,19 @@ from typing import Literal
 
 from aiohttp import web
 
-from bot.app import create_app, create_worker_app
+from bot.app import create_app, create_worker_app, missing_webhook_secrets
 from bot.budget.ledger import PostgresWriteBudget
 from bot.clock import Clock, SystemClock
 from bot.components import queue_settings, session_timeouts
 from bot.config import Settings, check_scheduler_settings
-from bot.db import is_database_unavailable, upgrade_database
+from bot.db import upgrade_database, wait_for_database
 from bot.engine_setup import ServedBudget, engine_pool_for, served_budget
 from bot.errors import ConfigError, StoreError
 from bot.forges.registry import ForgeRegistry, budget_settings, build_forges, configured_forges
 from bot.lifecycle import Context, Process, closing, finish_loop, running
 from bot.llm.base import LLMBackend
-from bot.llm.factory import check_backend_choice, create_backend
+from bot.llm.factory import check_backend_choice, check_backend_settings, create_backend
 from bot.obs.metrics import Metrics, start_metrics_site
-from bot.outage import OutageWatch
 from bot.pipeline import Pipeline, build_pipeline
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueStore
@@ -76,6 +75,21 @@ def open_store(settings: Settings, *, pool_size: int | None = None) -> QueueStor
         settings=queue_settings(settings),
         timeouts=session_timeouts(settings),
     )
+
+
+def cannot_listen(host: str, port: int, error: OSError) -> ConfigError:
+    """A port that cannot be bound (taken, privileged, no such address), said in one line."""
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    return ConfigError(f"cannot listen on {host}:{port}: {reason}")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise ConfigError when host:port cannot be bound now, so a taken port stops the start
+    before the database is migrated; the server's own bind follows (and says the same)."""
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as exc:
+        raise cannot_listen(host, port, exc) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +187,9 @@ class RoleParts:
         try:
             await runner.setup()  # starts the app's own cleanup_ctx loops (alerts, commands)
             await web.TCPSite(runner, self.host, self.port, backlog=1024).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise cannot_listen(self.host, self.port, exc) from exc
         except BaseException:
             await runner.cleanup()
             raise
@@ -189,9 +206,11 @@ class RoleParts:
         """/metrics on a port of its own (REVIEW_BOT_METRICS_PORT)."""
         if self.app is None or self.settings.web.metrics_port is None:
             raise RuntimeError("the metrics server needs the web server and a port")
-        runner = await start_metrics_site(
-            self.app, host=self.host, port=self.settings.web.metrics_port
-        )
+        port = self.settings.web.metrics_port
+        try:
+            runner = await start_metrics_site(self.app, host=self.host, port=port)
+        except OSError as exc:
+            raise cannot_listen(self.host, port, exc) from exc
         yield
         await runner.cleanup()
 
@@ -399,21 +418,6 @@ def _chosen_backend(settings: Settings) -> str:
     return chosen
 
 
-async def migrate_when_reachable(url: str, *, backoff_s: float) -> None:
-    """Migrate to head, waiting out a database that is not up yet (started together)."""
-    outage = OutageWatch("start-up", base_s=backoff_s)
-    while True:
-        try:
-            await upgrade_database(url)
-        except Exception as exc:
-            if not is_database_unavailable(exc):
-                raise
-            await asyncio.sleep(outage.lost(exc))
-            continue
-        outage.recovered()
-        return
-
-
 async def serve(
     settings: Settings, *, role: Role, host: str, port: int, migrate: bool = True
 ) -> None:
@@ -421,14 +425,25 @@ async def serve(
     if not settings.database.url:
         raise ConfigError("DATABASE_URL is not set")
     url = settings.database.url
-    # Fail fast, before anything is started: broken policies, settings that cannot work and
-    # half-configured forges.
+    # Fail fast, before anything is started or written: broken policies, settings that cannot
+    # work, half-configured forges and LLM backends, a database that cannot be used.
     check_scheduler_settings(settings.scheduler)
     policies = load_policy_book(settings.review.policy_dir)
+    if role in ("web", "all"):
+        missing_webhook_secrets(settings)
     if role in ("dispatcher", "all"):
         settings = settings.with_changes(llm={"backend": _chosen_backend(settings)})
+        check_backend_settings(settings.llm)
+    for listen_port in (port, settings.web.metrics_port):
+        if listen_port:
+            check_port_free(host, listen_port)
+    await wait_for_database(
+        url,
+        wait_s=settings.database.start_wait_s,
+        backoff_s=settings.database.outage_backoff_s,
+    )
     if migrate:
-        await migrate_when_reachable(url, backoff_s=settings.database.outage_backoff_s)
+        await upgrade_database(url)
     store = open_store(settings)
     clock = SystemClock()
     # One write budget per installation/token, shared with every other process.

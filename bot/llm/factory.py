@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from bot.config import Settings
+from bot.config import LLMSettings, Settings
 from bot.errors import ConfigError
 from bot.llm.base import LLMBackend
 
@@ -28,10 +28,21 @@ def check_backend_choice(llm_backend: str | None, *, forges: Collection[str]) ->
     return DEFAULT_BACKEND
 
 
+def check_backend_settings(llm: LLMSettings) -> str:
+    """The backend `llm` names (simulated when unset); raises ConfigError when it names none
+    or lacks what it needs, so `bot serve` refuses before it touches anything."""
+    name = (llm.backend or DEFAULT_BACKEND).strip().lower()
+    if name not in BACKENDS:
+        raise ConfigError(f"REVIEW_BOT_LLM must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name == "openai" and not llm.base_urls:
+        raise ConfigError("REVIEW_BOT_LLM=openai needs REVIEW_BOT_LLM_URLS (comma separated)")
+    return name
+
+
 def create_backend(settings: Settings) -> LLMBackend:
     """The backend named by settings.llm_backend (simulated when unset); raises ConfigError or
     BackendUnavailable."""
-    name = (settings.llm.backend or DEFAULT_BACKEND).strip().lower()
+    name = check_backend_settings(settings.llm)
     if name == "simulated":
         from bot.llm.simulated import SimulatedBackend
 
@@ -46,9 +57,6 @@ def create_backend(settings: Settings) -> LLMBackend:
         )
     if name == "openai":
         from bot.llm.openai_compat import OpenAICompatBackend
-
-        if not settings.llm.base_urls:
-            raise ConfigError("REVIEW_BOT_LLM=openai needs REVIEW_BOT_LLM_URLS (comma separated)")
         from bot.llm.routing import RouterAffinity
 
         affinity = (
@@ -68,8 +76,6 @@ def create_backend(settings: Settings) -> LLMBackend:
             response_format=settings.llm.response_format,
             affinity=affinity,
         )
-    if name == "vllm":
-        from bot.llm.vllm_engine import VLLMEngineBackend
+    from bot.llm.vllm_engine import VLLMEngineBackend
 
-        return VLLMEngineBackend(settings.llm.model)
-    raise ConfigError(f"REVIEW_BOT_LLM must be one of {', '.join(BACKENDS)}, got {name!r}")
+    return VLLMEngineBackend(settings.llm.model)
