@@ -57,6 +57,9 @@ REPLY_MARKER_PATTERN = re.compile(r"<!-- review-bot:reply=(\d+) -->")
 
 pytestmark = [
     pytest.mark.slow,
+    # Under pytest-xdist the drills run one after another on one worker: each starts several
+    # `bot serve` processes whose leases run on the wall clock.
+    pytest.mark.xdist_group("drills"),
     # `bot serve` processes on the wall clock, taking any token.
     pytest.mark.emulator(github_tokens=set(), gitlab_tokens=set(), virtual_clock=False),
 ]
@@ -566,12 +569,13 @@ async def test_a_dispatcher_paused_for_three_leases_writes_nothing_twice(
         answers = await _send_all(emulator, web.url, requests)
         if point == "before posting":
             # Once every job is planned, reading a pull request's changes is slow: that read
-            # comes first in posting, so jobs wait there, claimed, between chunks and post.
+            # comes first in posting, so jobs wait there, claimed, between chunks and post. Slow
+            # enough that the claim seen is still held when the pause lands on a loaded machine.
             await wait_until(
                 lambda: _all_planned(db_url), timeout_s=60, what="every job to be planned"
             )
             for route in ("github.files", "gitlab.changes", "gitlab.diffs"):
-                state.add_fault(route, Fault.slow(1.0), times=30)
+                state.add_fault(route, Fault.slow(3.0), times=30)
 
         async def at_the_point() -> bool:
             if point == "chunks running":

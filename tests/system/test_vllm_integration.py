@@ -187,10 +187,10 @@ async def test_nonzero_priority_is_accepted_and_out_of_range_refused(vllm_url: s
     assert not caught.value.retryable and "400" in str(caught.value)
 
 
-def test_in_process_engine_backend(vllm_paths: dict[str, str]) -> None:
-    """bot.llm.vllm_engine drives vLLM's AsyncLLMEngine in the cached environment."""
-    program = """
+IN_PROCESS_PROGRAM = """
 import asyncio, json, sys
+from bot.errors import LLMRequestRejected
+from bot.llm.base import LLMRequest
 from bot.llm.vllm_engine import VLLMEngineBackend
 from bot.review.chunk_review import review_chunk
 
@@ -201,12 +201,28 @@ async def main():
     try:
         review = await review_chunk(backend, files, level=1, metadata={"chunk_id": 1},
                                     max_tokens=64)
+        print("RESULT=" + json.dumps(review.to_result()), flush=True)
+        prompt = "review this line please " * 1200  # far over 2,048 tokens
+        try:
+            await backend.complete(LLMRequest(messages=[{"role": "user", "content": prompt}]))
+        except LLMRequestRejected as exc:
+            print("OVERLONG=rejected", exc, flush=True)
+        except Exception as exc:
+            print("OVERLONG=" + type(exc).__name__, exc, flush=True)
+        else:
+            print("OVERLONG=answered", flush=True)
     finally:
         await backend.close()
-    print("RESULT=" + json.dumps(review.to_result()))
 
 asyncio.run(main())
 """
+
+
+@pytest.fixture(scope="module")
+def in_process_run(vllm_paths: dict[str, str]) -> tuple[dict[str, str], str]:
+    """One in-process engine (bot.llm.vllm_engine) in the cached environment: a chunk reviewed,
+    then a prompt over the context length; its outcomes by name and its stderr. One engine start
+    serves both tests (starting one costs minutes on the CPU)."""
     environment = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -214,16 +230,42 @@ asyncio.run(main())
         "VLLM_LOGGING_LEVEL": "WARNING",
     }
     run = subprocess.run(
-        [vllm_paths["PYTHON"], "-c", program, vllm_paths["MODEL_DIR"], json.dumps(FILES)],
+        [
+            vllm_paths["PYTHON"],
+            "-c",
+            IN_PROCESS_PROGRAM,
+            vllm_paths["MODEL_DIR"],
+            json.dumps(FILES),
+        ],
         capture_output=True,
         text=True,
         timeout=900,
         env=environment,
         cwd=str(REPO),
     )
-    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT=")]
-    assert run.returncode == 0 and lines, run.stderr[-4000:]
-    result = json.loads(lines[-1].removeprefix("RESULT="))
+    outcomes = dict(
+        line.split("=", 1)
+        for line in run.stdout.splitlines()
+        if line.startswith(("RESULT=", "OVERLONG="))
+    )
+    return outcomes, f"exit {run.returncode}\n{run.stderr[-4000:]}"
+
+
+def test_in_process_engine_backend(in_process_run: tuple[dict[str, str], str]) -> None:
+    """bot.llm.vllm_engine drives vLLM's AsyncLLMEngine in the cached environment."""
+    outcomes, log = in_process_run
+    assert "RESULT" in outcomes, log
+    result = json.loads(outcomes["RESULT"])
     assert result["usage"]["completion_tokens"] > 0
     assert result["workers"][0].startswith("vllm:")
     assert result["attempts"] in (1, 2) and len(result["workers"]) == result["attempts"]
+
+
+def test_the_in_process_engine_refuses_an_overlong_prompt_as_the_http_server_does(
+    in_process_run: tuple[dict[str, str], str],
+) -> None:
+    """vLLM raises its own validation error for a prompt over the context length; the backend
+    answers LLMRequestRejected, as the openai backend does for the server's 400."""
+    outcomes, log = in_process_run
+    assert "OVERLONG" in outcomes, log
+    assert outcomes["OVERLONG"].startswith("rejected"), outcomes["OVERLONG"] + log
