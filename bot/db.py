@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -111,10 +112,7 @@ UNAVAILABLE_MESSAGES = (
 def is_database_unavailable(error: BaseException) -> bool:
     """True when `error` means the database cannot be reached now (an outage, a restart, a
     network fault), as opposed to a statement that would fail again on a healthy server."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in error_chain(error):
         if isinstance(current, OSError | ConnectionError | sa_exc.TimeoutError):
             return True  # refused, reset, unreachable; or the pool waited in vain
         if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
@@ -133,13 +131,22 @@ def is_database_unavailable(error: BaseException) -> bool:
         text = str(current).lower()
         if any(message in text for message in UNAVAILABLE_MESSAGES):
             return True
+    return False
+
+
+def error_chain(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then what it wraps: SQLAlchemy's `orig`, else its cause or context; each once."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
         origin = getattr(current, "orig", None)
         current = (
             origin
             if isinstance(origin, BaseException)
             else (current.__cause__ or current.__context__)
         )
-    return False
 
 
 # SQLSTATEs of a connection refused for good: no such database (invalid_catalog_name), no such
@@ -158,22 +165,13 @@ def connect_problem(error: BaseException) -> ConnectProblem | None:
     """What a failed connection says is wrong with the database or its address: the server's
     own words when it refused the database, role or password (lasting), or that nothing
     answers there (passing: it may be starting); None for any other error."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in error_chain(error):
         if getattr(current, "sqlstate", None) in REFUSED_SQLSTATES:
             return ConnectProblem(first_line(current), lasting=True)
         if isinstance(current, ConnectionRefusedError):
             return ConnectProblem("nothing listens there (connection refused)", lasting=False)
         if isinstance(current, socket.gaierror):
             return ConnectProblem(f"unknown host ({current.strerror})", lasting=False)
-        origin = getattr(current, "orig", None)
-        current = (
-            origin
-            if isinstance(origin, BaseException)
-            else (current.__cause__ or current.__context__)
-        )
     return None
 
 
