@@ -189,6 +189,13 @@ class SchedulerSettings(Section):
         shown="`30`, or a third of a shorter lease",
     )
     poll_s: float = 5.0  # fallback poll when LISTEN/NOTIFY is quiet
+    learned_costs: bool = knob(
+        False,
+        "REVIEW_BOT_LEARNED_COSTS",
+        "rank reviews by the cost learned per language, repository and pull request (kept in "
+        "PostgreSQL) instead of by changed lines alone (mean turnaround 0-3% lower on the "
+        "mornings of docs/benchmarks.md)",
+    )
     # On SIGTERM a dispatcher takes no new chunk and gives its running calls this long to
     # finish; what still runs then is handed back. Keep it under the orchestrator's grace
     # (Kubernetes' terminationGracePeriodSeconds, compose's stop_grace_period).

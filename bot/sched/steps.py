@@ -64,8 +64,9 @@ class DispatcherSettings:
     mlfq: MlfqSettings = field(default_factory=MlfqSettings)
     # mlfq: rank reviews by the cost learned per language, repository and pull request
     # (bot.sched.cost), learning from every review this dispatcher finishes; off, by the
-    # line over changed lines alone. Off by default: on the mornings measured it moves mean
-    # turnaround by under 1% either way (bench/results/learned_estimate.md).
+    # line over changed lines alone (REVIEW_BOT_LEARNED_COSTS). Off by default: on the mornings
+    # measured it lowers mean turnaround by 0-3% (bench/results/learned_estimate.md), and on
+    # the sharp-peak test trace it misses the 0.40x-FIFO target by 0.3 s.
     learned_costs: bool = False
 
     @classmethod
@@ -88,6 +89,7 @@ class DispatcherSettings:
             poll_s=settings.poll_s,
             shutdown_grace_s=settings.shutdown_grace_s,
             mlfq=MlfqSettings.from_scheduler_settings(settings),
+            learned_costs=settings.learned_costs,
         )
 
 

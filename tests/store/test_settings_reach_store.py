@@ -5,6 +5,7 @@ from __future__ import annotations
 from bot.clock import VirtualClock
 from bot.config import load_settings
 from bot.model import LEVELS, JobState, Level
+from bot.sched.dispatcher import DispatcherSettings
 from bot.serve import open_store
 from tests.support.factories import decide, make_request, plans
 
@@ -44,3 +45,12 @@ async def test_max_attempts_and_chunk_backoff_reach_the_store(db_url: str) -> No
         assert job is not None and job.state == JobState.DEAD and job.last_error == "boom 5"
     finally:
         await store.close()
+
+
+def test_learned_costs_reach_the_dispatcher_settings() -> None:
+    def dispatching(environment: dict[str, str]) -> DispatcherSettings:
+        settings = load_settings({"DATABASE_URL": "postgresql://bot@db/reviewbot", **environment})
+        return DispatcherSettings.from_scheduler(settings.scheduler, owner="d")
+
+    assert not dispatching({}).learned_costs
+    assert dispatching({"REVIEW_BOT_LEARNED_COSTS": "true"}).learned_costs
