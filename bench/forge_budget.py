@@ -141,7 +141,7 @@ async def run_forge(url: str, forge: Forge, *, requests: int, speed: float, seed
     # window's edge is a wall twentieth of a second.
     margin = max(1.0, 0.05 * speed)
     budget = PostgresWriteBudget(
-        store.engine,
+        store.connector,
         now=clock.now,
         sleep=sleep,
         settings=BudgetSettings(

@@ -58,6 +58,7 @@ def _command_db(args: argparse.Namespace, settings: Settings) -> int:
 def _command_check(args: argparse.Namespace, settings: Settings) -> int:
     from bot.clock import SystemClock
     from bot.db import create_engine
+    from bot.queue.connector import Connector
     from bot.queue.guarantees import GuaranteeLimits, check_guarantees, render_guarantees
 
     limits = GuaranteeLimits(
@@ -67,13 +68,15 @@ def _command_check(args: argparse.Namespace, settings: Settings) -> int:
     )
 
     async def run() -> Any:
-        engine = create_engine(
-            _require_database(settings), pool_size=1, application_name="review-bot-check"
+        connector = Connector(
+            create_engine(
+                _require_database(settings), pool_size=1, application_name="review-bot-check"
+            )
         )
         try:
-            return await check_guarantees(engine, now=SystemClock().now(), limits=limits)
+            return await check_guarantees(connector, now=SystemClock().now(), limits=limits)
         finally:
-            await engine.dispose()
+            await connector.close()
 
     results = asyncio.run(run())
     print(render_guarantees(results))

@@ -413,7 +413,7 @@ async def print_results(
     long_table: bool = False,
 ) -> None:
     """Per-level waits from the database, what was posted, the alerts raised."""
-    report = await build_report(store.engine, "waits", ReportOptions())
+    report = await build_report(store.connector, "waits", ReportOptions())
     say("")
     say(f"done in {elapsed:.0f} s real ({trace_s:.0f} s of trace time).")
     say(waits_table(report.rows, long=long_table))
@@ -430,9 +430,8 @@ async def print_results(
         f"statuses on the commits: {len(statuses)} writes on {len(last_state)} heads, "
         f"now {dict(Counter(last_state.values()))}"
     )
-    async with store.engine.connect() as conn:
-        waited = (await conn.execute(monitoring_sql.COUNT_ALERTS)).scalar_one()
-        service = (await conn.execute(monitoring_sql.SELECT_OPERATIONAL_ALERT_MESSAGES)).all()
+    waited = await store.connector.fetch_value(monitoring_sql.COUNT_ALERTS)
+    service = await store.connector.fetch_all(monitoring_sql.SELECT_OPERATIONAL_ALERT_MESSAGES)
     say(
         f"alerts: {waited} reviews waited past their level's threshold (bot report alerts); "
         + (

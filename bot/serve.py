@@ -49,7 +49,7 @@ def status_publisher(
 ) -> StatusPublisher:
     """The check run / commit status publisher, estimating with this dispatcher's slots."""
     return StatusPublisher(
-        store.engine,
+        store.connector,
         forges,
         clock=dispatcher.clock,
         capacity=Capacity(slots=dispatcher.total_slots, mlfq=dispatcher.settings.mlfq),
@@ -449,7 +449,9 @@ async def serve(
     # One write budget per installation/token, shared with every other process.
     forges = build_forges(
         settings,
-        budget=PostgresWriteBudget(store.engine, now=clock.now, settings=budget_settings(settings)),
+        budget=PostgresWriteBudget(
+            store.connector, now=clock.now, settings=budget_settings(settings)
+        ),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

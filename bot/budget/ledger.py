@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bot.budget.decide import (
     HOUR_S,
@@ -37,7 +36,8 @@ from bot.budget.intent import (
     WriteSuperseded,
     current_intent,
 )
-from bot.errors import ForgeError
+from bot.errors import ForgeError, StoreError
+from bot.queue.connector import Connector
 from bot.queue.sql import budget as sql
 
 log = logging.getLogger(__name__)
@@ -173,14 +173,14 @@ class PostgresWriteBudget(_BudgetLoop):
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        connector: Connector,
         *,
         now: Now,
         sleep: Sleep = asyncio.sleep,
         settings: BudgetSettings | None = None,
     ) -> None:
         super().__init__(now=now, sleep=sleep, settings=settings)
-        self.engine = engine
+        self.connector = connector
 
     async def _step(
         self, key: BudgetKey, request: ClaimRequest, claim_id: int | None, now: datetime
@@ -189,7 +189,7 @@ class PostgresWriteBudget(_BudgetLoop):
         stale = now - timedelta(seconds=self.settings.stale_s)
         name = str(key)
         try:
-            async with self.engine.begin() as conn:
+            async with self.connector.transaction() as conn:
                 await conn.execute(sql.LOCK_BUDGET, {"key": name})
                 blocked_until = await conn.scalar(
                     sql.UPSERT_BUDGET,
@@ -227,7 +227,7 @@ class PostgresWriteBudget(_BudgetLoop):
                 verdict = await self._decide(conn, name, me, limits, now, stale, blocked_until)
                 await self._settle(conn, name, me, request, verdict, now)
                 return verdict, claim_id
-        except SQLAlchemyError as exc:
+        except StoreError as exc:
             raise ForgeError(f"the write budget of {key} is not readable: {exc}") from exc
 
     async def _decide(
@@ -284,9 +284,9 @@ class PostgresWriteBudget(_BudgetLoop):
 
     async def _forget(self, key: BudgetKey, claim_id: int) -> None:
         try:
-            async with self.engine.begin() as conn:
+            async with self.connector.transaction() as conn:
                 await conn.execute(sql.DELETE_CLAIM, {"id": claim_id})
-        except SQLAlchemyError as exc:
+        except StoreError as exc:
             log.warning(
                 "claim %s of %s not removed (it goes stale): %s",
                 claim_id,
@@ -299,7 +299,7 @@ class PostgresWriteBudget(_BudgetLoop):
         limits = self.settings.limits_of(key.forge)
         now = self.now()
         try:
-            async with self.engine.begin() as conn:
+            async with self.connector.transaction() as conn:
                 await conn.execute(
                     sql.HOLD_BUDGET,
                     {
@@ -311,7 +311,7 @@ class PostgresWriteBudget(_BudgetLoop):
                         "now": now,
                     },
                 )
-        except SQLAlchemyError as exc:
+        except StoreError as exc:
             raise ForgeError(f"the write budget of {key} is not writable: {exc}") from exc
         log.warning(
             "%s told to pause writes for %.0f s",

@@ -529,7 +529,9 @@ class CommandWorker:
         estimate = None
         if job.state not in TERMINAL_JOB_STATES:
             fallback = EtaModel(Capacity(slots=self.settings.workers))
-            found = await read_standings(self.store.engine, now=self.clock.now(), fallback=fallback)
+            found = await read_standings(
+                self.store.connector, now=self.clock.now(), fallback=fallback
+            )
             estimate = found.estimates.get(job.id)
         level_reason = None
         if job.level != job.base_level:

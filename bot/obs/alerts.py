@@ -13,20 +13,20 @@ import logging
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import aiohttp
 from aiohttp import web
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock, SystemClock
 from bot.config import AlertSettings
 from bot.errors import StoreError, StoreUnavailable
 from bot.logsafe import escaped
 from bot.model import Level
-from bot.obs import database
 from bot.obs.liveness import no_dispatcher_message, read_liveness, stale_after
 from bot.obs.metrics import Metrics, read_queue_snapshot
 from bot.outage import OutageWatch
+from bot.queue.connector import Connector
 from bot.queue.sql import monitoring as sql
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def render_webhook_payload(
 class AlertMonitor:
     """Finds waiting jobs past their threshold, records and reports each one once."""
 
-    engine: AsyncEngine
+    connector: Connector
     settings: AlertSettings
     metrics: Metrics | None = None
     session: aiohttp.ClientSession | None = None
@@ -138,8 +138,8 @@ class AlertMonitor:
         if not self.settings.threshold_s:
             return []
         cutoff = now - timedelta(seconds=min(self.settings.threshold_s.values()))
-        rows = await database.fetch_rows(
-            self.engine, sql.SELECT_ALERT_CANDIDATES, {"cutoff": cutoff, "limit": self.limit}
+        rows = await self.connector.fetch_all(
+            sql.SELECT_ALERT_CANDIDATES, {"cutoff": cutoff, "limit": self.limit}
         )
         waiting = [
             WaitingJob(
@@ -158,8 +158,7 @@ class AlertMonitor:
         )
         if not due:
             return []
-        recorded = await database.insert_alerts(
-            self.engine,
+        recorded = await self._record(
             [
                 {
                     "job_id": alert.job_id,
@@ -191,12 +190,23 @@ class AlertMonitor:
             self.pending = (self.pending + fired)[-MAX_PENDING:]
         return fired
 
+    async def _record(self, rows: list[Mapping[str, Any]]) -> set[int]:
+        """Record alerts in one transaction; the job ids recorded now (not before)."""
+        recorded: set[int] = set()
+        async with self.connector.transaction() as conn:
+            for row in rows:
+                result = await conn.execute(sql.INSERT_ALERT, dict(row))
+                recorded.update(int(r.job_id) for r in result.all())
+        return recorded
+
     async def check_dispatchers(self, *, now: datetime) -> str | None:
         """Alert once per outage when work waits and no dispatcher is alive (not before this
         process has watched for one stale window: a dispatcher started with it may not have
         beaten yet); close the alert when one is back. Returns the message recorded, if any."""
-        queue = await read_queue_snapshot(self.engine, now=now)
-        liveness = await read_liveness(self.engine, now=now, stale_after_s=self.dispatcher_stale_s)
+        queue = await read_queue_snapshot(self.connector, now=now)
+        liveness = await read_liveness(
+            self.connector, now=now, stale_after_s=self.dispatcher_stale_s
+        )
         grace_s = min(self.settings.threshold_s.values(), default=60.0)
         if self.watching_since is None:
             self.watching_since = now
@@ -210,15 +220,15 @@ class AlertMonitor:
         )
         parameters = {"kind": NO_DISPATCHER, "now": now}
         if message is None:
-            if liveness.dispatchers and await database.write_rows(
-                self.engine, sql.RESOLVE_OPERATIONAL_ALERT, parameters
+            if liveness.dispatchers and await self.connector.write(
+                sql.RESOLVE_OPERATIONAL_ALERT, parameters
             ):
                 note = f"a dispatcher is alive again ({liveness.dispatchers} now)"
                 log.info("%s", note, extra={"action": "no_dispatcher_resolved"})
                 self._note(note)
             return None
-        opened = await database.write_rows(
-            self.engine, sql.OPEN_OPERATIONAL_ALERT, {**parameters, "message": message}
+        opened = await self.connector.write(
+            sql.OPEN_OPERATIONAL_ALERT, {**parameters, "message": message}
         )
         if not opened:
             return None  # this outage was already reported, here or by another process
@@ -310,7 +320,7 @@ ALERT_MONITOR_KEY = web.AppKey("alert_monitor", AlertMonitor)
 
 def alert_context(
     *,
-    engine: AsyncEngine,
+    connector: Connector,
     settings: AlertSettings,
     clock: Clock,
     metrics: Metrics | None = None,
@@ -322,7 +332,7 @@ def alert_context(
     async def alerts_running(app: web.Application) -> AsyncIterator[None]:
         session = aiohttp.ClientSession() if settings.webhook_url else None
         monitor = AlertMonitor(
-            engine=engine,
+            connector=connector,
             settings=settings,
             metrics=metrics,
             session=session,
@@ -347,7 +357,7 @@ def alert_context(
 def setup_alerts(
     app: web.Application,
     *,
-    engine: AsyncEngine,
+    connector: Connector,
     settings: AlertSettings,
     clock: Clock | None = None,
     metrics: Metrics | None = None,
@@ -357,7 +367,7 @@ def setup_alerts(
     """Run the alert loop while the app runs."""
     app.cleanup_ctx.append(
         alert_context(
-            engine=engine,
+            connector=connector,
             settings=settings,
             clock=clock or SystemClock(),
             metrics=metrics,

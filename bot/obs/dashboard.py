@@ -21,14 +21,13 @@ from typing import Any
 import jinja2
 from aiohttp import web
 from markupsafe import Markup
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock
 from bot.model import LEVELS, Level
-from bot.obs import database
 from bot.obs.access import bearer_token, came_over_https, token_matches
 from bot.obs.liveness import Liveness, read_liveness, stale_after
 from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
+from bot.queue.connector import Connector
 from bot.queue.sql import monitoring as sql
 from bot.stats import percentile
 
@@ -125,7 +124,7 @@ class DashboardView:
 
 
 async def read_dashboard(
-    engine: AsyncEngine,
+    connector: Connector,
     *,
     now: datetime,
     hours: float,
@@ -134,15 +133,11 @@ async def read_dashboard(
 ) -> DashboardView:
     """Read the page's data; raises StoreUnavailable or StoreError."""
     since = now - timedelta(hours=hours)
-    queue = await read_queue_snapshot(engine, now=now)
-    liveness = await read_liveness(engine, now=now, stale_after_s=dispatcher_stale_s)
-    rows = await database.fetch_rows(
-        engine, sql.SELECT_STARTED_WAITS, {"since": since, "until": now}
-    )
-    alerts = await database.fetch_rows(engine, sql.SELECT_RECENT_ALERTS, {"limit": 20})
-    engine_rows = await database.fetch_rows(
-        engine, sql.SELECT_ENGINE_WORK, {"since": since, "until": now}
-    )
+    queue = await read_queue_snapshot(connector, now=now)
+    liveness = await read_liveness(connector, now=now, stale_after_s=dispatcher_stale_s)
+    rows = await connector.fetch_all(sql.SELECT_STARTED_WAITS, {"since": since, "until": now})
+    alerts = await connector.fetch_all(sql.SELECT_RECENT_ALERTS, {"limit": 20})
+    engine_rows = await connector.fetch_all(sql.SELECT_ENGINE_WORK, {"since": since, "until": now})
     engines_since = since
     waits = [
         WaitPoint(level=Level(row.level), started_at=row.first_started_at, wait_s=row.wait_s)
@@ -462,7 +457,7 @@ def render_dashboard(view: DashboardView) -> str:
 class AdminConfig:
     """What /admin needs."""
 
-    engine: AsyncEngine
+    connector: Connector
     clock: Clock
     admin_token: str | None
     thresholds: Mapping[Level, float]
@@ -531,7 +526,7 @@ async def handle_admin(request: web.Request) -> web.StreamResponse:
     ):
         return _refuse()
     view = await read_dashboard(
-        config.engine,
+        config.connector,
         now=config.clock.now(),
         hours=_hours(request.query.get("hours")),
         thresholds=config.thresholds,
@@ -546,17 +541,17 @@ def setup_admin(
     app: web.Application,
     *,
     admin_token: str | None,
-    engine: AsyncEngine,
+    connector: Connector,
     clock: Clock,
     thresholds: Mapping[Level, float] | None = None,
     dispatcher_stale_s: float = stale_after(30.0),
     trust_forwarded_proto: bool = False,
     standings: StandingsReader | None = None,
 ) -> None:
-    """Add `GET /admin`, reading the queue through `engine` (and where reviews stand through
+    """Add `GET /admin`, reading the queue through `connector` (and where reviews stand through
     `standings`)."""
     app[ADMIN_KEY] = AdminConfig(
-        engine=engine,
+        connector=connector,
         clock=clock,
         admin_token=admin_token or None,
         dispatcher_stale_s=dispatcher_stale_s,

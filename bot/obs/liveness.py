@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from bot.obs import database
+from bot.queue.connector import Connector
 from bot.queue.sql import monitoring as sql
 
 STALE_HEARTBEATS = 3
@@ -143,9 +141,9 @@ def beat_from_row(row: Mapping[str, Any]) -> DispatcherBeat:
     )
 
 
-async def read_liveness(engine: AsyncEngine, *, now: datetime, stale_after_s: float) -> Liveness:
+async def read_liveness(connector: Connector, *, now: datetime, stale_after_s: float) -> Liveness:
     """Read recent heartbeats and count what is alive; raises StoreUnavailable/StoreError."""
     since = now - timedelta(seconds=max(RECENT_S, stale_after_s))
-    rows = await database.fetch_rows(engine, sql.SELECT_DISPATCHERS, {"since": since})
+    rows = await connector.fetch_all(sql.SELECT_DISPATCHERS, {"since": since})
     beats: Sequence[DispatcherBeat] = [beat_from_row(dict(row._mapping)) for row in rows]
     return summarize_liveness(beats, now=now, stale_after_s=stale_after_s)

@@ -23,14 +23,13 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import Clock
 from bot.errors import ConfigError, StoreError
 from bot.model import ANCHOR_OUTCOMES, LEVELS, Level
-from bot.obs import database
 from bot.obs.access import bearer_token, token_matches
 from bot.obs.liveness import read_liveness, stale_after
+from bot.queue.connector import Connector
 from bot.queue.sql import monitoring as sql
 
 log = logging.getLogger(__name__)
@@ -94,10 +93,10 @@ def build_snapshot(
     )
 
 
-async def read_queue_snapshot(engine: AsyncEngine, *, now: datetime) -> QueueSnapshot:
+async def read_queue_snapshot(connector: Connector, *, now: datetime) -> QueueSnapshot:
     """Read the queue per level now; raises StoreUnavailable."""
-    jobs = await database.fetch_rows(engine, sql.SELECT_QUEUE_JOBS)
-    chunks = await database.fetch_rows(engine, sql.SELECT_QUEUE_CHUNKS, {"now": now})
+    jobs = await connector.fetch_all(sql.SELECT_QUEUE_JOBS)
+    chunks = await connector.fetch_all(sql.SELECT_QUEUE_CHUNKS, {"now": now})
     return build_snapshot(
         (dict(row._mapping) for row in jobs), (dict(row._mapping) for row in chunks), now=now
     )
@@ -384,7 +383,7 @@ class MetricsConfig:
     """What the /metrics handler needs."""
 
     metrics: Metrics
-    engine: AsyncEngine
+    connector: Connector
     clock: Clock
     dispatcher_stale_s: float = stale_after(30.0)
     token: str | None = None  # when set, scrapes must present it as a bearer token
@@ -430,11 +429,11 @@ async def handle_metrics(request: web.Request) -> web.Response:
         )
     now = config.clock.now()
     try:
-        snapshot = await read_queue_snapshot(config.engine, now=now)
+        snapshot = await read_queue_snapshot(config.connector, now=now)
         liveness = await read_liveness(
-            config.engine, now=now, stale_after_s=config.dispatcher_stale_s
+            config.connector, now=now, stale_after_s=config.dispatcher_stale_s
         )
-        budgets = await database.fetch_rows(config.engine, sql.SELECT_FORGE_BUDGETS, {"now": now})
+        budgets = await config.connector.fetch_all(sql.SELECT_FORGE_BUDGETS, {"now": now})
     except StoreError as exc:
         # Serve the counters anyway; the queue and liveness gauges keep their last values.
         config.metrics.scrape_errors.inc()
@@ -450,7 +449,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
 def setup_metrics(
     app: web.Application,
     *,
-    engine: AsyncEngine,
+    connector: Connector,
     clock: Clock,
     metrics: Metrics | None = None,
     count_webhooks: bool = True,
@@ -458,7 +457,7 @@ def setup_metrics(
     token: str | None = None,
     route: bool = True,
 ) -> Metrics:
-    """Add `GET /metrics`, reading the queue and the dispatchers' heartbeats through `engine`.
+    """Add `GET /metrics`, reading the queue and the dispatchers' heartbeats through `connector`.
 
     With `route=False` the metrics are kept (and webhooks counted) but served elsewhere:
     `create_metrics_app` puts them on a port of their own.
@@ -467,7 +466,7 @@ def setup_metrics(
     app[METRICS_KEY] = used
     app[METRICS_CONFIG_KEY] = MetricsConfig(
         metrics=used,
-        engine=engine,
+        connector=connector,
         clock=clock,
         dispatcher_stale_s=dispatcher_stale_s,
         token=token,

@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import TextClause
-from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.exc import ProgrammingError
 
 from bot.clock import SystemClock
 from bot.config import Settings
-from bot.db import create_engine, translate_database_error
-from bot.errors import ConfigError, ReviewBotError
+from bot.db import create_engine
+from bot.errors import ConfigError, ReviewBotError, StoreError
 from bot.model import LEVELS, Level
+from bot.queue.connector import Connector
 from bot.queue.sql import reports as sql
 from bot.stats import profile_verdict
 
@@ -171,12 +171,7 @@ def _parameters(options: ReportOptions) -> dict[str, Any]:
     }
 
 
-def read_only(engine: AsyncEngine) -> AsyncEngine:
-    """The engine with every transaction READ ONLY."""
-    return engine.execution_options(postgresql_readonly=True)
-
-
-async def build_report(engine: AsyncEngine, name: str, options: ReportOptions) -> Report:
+async def build_report(connector: Connector, name: str, options: ReportOptions) -> Report:
     """Run one named report; raises ReportError, StoreUnavailable or StoreError."""
     statement = STATEMENTS.get(name)
     if statement is None:
@@ -184,16 +179,16 @@ async def build_report(engine: AsyncEngine, name: str, options: ReportOptions) -
     parameters = _parameters(options)
     used = {key: value for key, value in parameters.items() if f":{key}" in str(statement)}
     try:
-        async with read_only(engine).connect() as conn:
-            result = await conn.execute(statement, used)
-            rows = [{key: _plain(value) for key, value in row.items()} for row in result.mappings()]
-    except ProgrammingError as exc:
-        raise ReportError(
-            f"report {name} failed: {exc.orig}; is the database migrated (bot db upgrade) and "
-            "does the role have SELECT on the report views?"
-        ) from exc
-    except (SQLAlchemyError, OSError) as exc:
-        raise translate_database_error(exc, what=f"report {name} failed") from exc
+        found = await connector.fetch_read_only(statement, used)
+    except StoreError as exc:
+        # The statement was refused (no such view, no grant): the role or the schema is wrong.
+        if isinstance(exc.__cause__, ProgrammingError):
+            raise ReportError(
+                f"report {name} failed: {exc.__cause__.orig}; is the database migrated (bot db"
+                " upgrade) and does the role have SELECT on the report views?"
+            ) from exc.__cause__
+        raise
+    rows = [{key: _plain(value) for key, value in row._mapping.items()} for row in found]
     notes: list[str] = []
     if name == "durations":
         verdict = durations_verdict(rows)
@@ -353,7 +348,7 @@ def read_summary_file(path: str) -> dict[str, Any]:
 
 
 async def load_side(
-    value: str, *, engine_for: Callable[[], AsyncEngine], options: ReportOptions
+    value: str, *, connector_for: Callable[[], Connector], options: ReportOptions
 ) -> dict[str, Any]:
     """A `bot simulate --json` file, or a period read from the database."""
     if _is_file(value):
@@ -370,7 +365,7 @@ async def load_side(
         limit=options.limit,
         now=options.now,
     )
-    report = await build_report(engine_for(), "waits", window)
+    report = await build_report(connector_for(), "waits", window)
     return summary_from_waits(report.rows, source=value)
 
 
@@ -465,29 +460,31 @@ async def run_report(args: argparse.Namespace, settings: Settings) -> Report:
     """Build the report the arguments ask for; raises ConfigError, ReportError, StoreError."""
     name = str(args.name)
     options = options_from(args, settings)
-    engine: AsyncEngine | None = None
+    connector: Connector | None = None
 
-    def engine_for() -> AsyncEngine:
-        nonlocal engine
+    def connector_for() -> Connector:
+        nonlocal connector
         if not settings.database.url:
             raise ConfigError("DATABASE_URL is not set: reports read the queue database")
-        if engine is None:
-            engine = create_engine(
-                settings.database.url, pool_size=1, application_name="review-bot-report"
+        if connector is None:
+            connector = Connector(
+                create_engine(
+                    settings.database.url, pool_size=1, application_name="review-bot-report"
+                )
             )
-        return engine
+        return connector
 
     try:
         if name == "compare":
             if not args.before or not args.after:
                 raise ReportError("compare needs --before A and --after B")
-            before = await load_side(args.before, engine_for=engine_for, options=options)
-            after = await load_side(args.after, engine_for=engine_for, options=options)
+            before = await load_side(args.before, connector_for=connector_for, options=options)
+            after = await load_side(args.after, connector_for=connector_for, options=options)
             return compare_summaries(before, after)
-        return await build_report(engine_for(), name, options)
+        return await build_report(connector_for(), name, options)
     finally:
-        if engine is not None:
-            await engine.dispose()
+        if connector is not None:
+            await connector.close()
 
 
 def run_report_command(args: argparse.Namespace, settings: Settings) -> int:

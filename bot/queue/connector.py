@@ -1,8 +1,9 @@
-"""How the store reaches PostgreSQL: transactions, autocommit statements, NOTIFY and LISTEN,
-its errors.
+"""How the bot reaches PostgreSQL: transactions, autocommit statements, read-only snapshots,
+NOTIFY and LISTEN, its errors.
 
-The store's parts decide what to run (bot/queue/jobs.py, chunks.py, history.py); the connector
-only runs it, and translates driver errors into the store's own at this edge.
+The store's parts (bot/queue/jobs.py, chunks.py, history.py), monitoring (bot/obs), the status
+publisher (bot/status), the dispatchers' presence and the write budget decide what to run; the
+connector only runs it, and translates driver errors into the store's own at this one edge.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from bot.database_url import plain_url
 from bot.db import translate_database_error
-from bot.queue.sql.connection import NOTIFY, PING
+from bot.queue.sql.connection import NOTIFY, PING, READ_ONLY_SNAPSHOT
 
 QUEUE_CHANNEL = "review_bot_queue"  # wakes the dispatchers
 COMMAND_CHANNEL = "review_bot_commands"  # wakes the command worker (bot.commands.worker)
@@ -75,6 +76,7 @@ class Connector:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._read_only = engine.execution_options(postgresql_readonly=True)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -93,10 +95,46 @@ class Connector:
             async with self._autocommit.connect() as conn:
                 yield conn
 
-    async def fetch_all(self, statement: TextClause, params: Mapping[str, Any]) -> list[Row[Any]]:
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[AsyncConnection]:
+        """A read-only REPEATABLE READ transaction, rolled back at the end: reads judged
+        together (`bot check`) see one state of the queue."""
+        with database_errors():
+            async with self.engine.connect() as conn:
+                await conn.execute(READ_ONLY_SNAPSHOT)
+                yield conn
+                await conn.rollback()
+
+    async def fetch_all(
+        self, statement: TextClause, params: Mapping[str, Any] | None = None
+    ) -> list[Row[Any]]:
         """Every row of one read, in autocommit."""
         async with self.single_statement() as conn:
-            return list((await conn.execute(statement, dict(params))).all())
+            return list((await conn.execute(statement, dict(params or {}))).all())
+
+    async def fetch_value(
+        self, statement: TextClause, params: Mapping[str, Any] | None = None
+    ) -> Any:
+        """The first column of one read's first row (None without a row), in autocommit."""
+        async with self.single_statement() as conn:
+            return await conn.scalar(statement, dict(params or {}))
+
+    async def fetch_read_only(
+        self, statement: TextClause, params: Mapping[str, Any] | None = None
+    ) -> list[Row[Any]]:
+        """Every row of one read in a READ ONLY transaction (reports: they may run under a
+        role that can write, and still must not)."""
+        with database_errors():
+            async with self._read_only.connect() as conn:
+                return list((await conn.execute(statement, dict(params or {}))).all())
+
+    async def write(
+        self, statement: TextClause, params: Mapping[str, Any] | None = None
+    ) -> list[Row[Any]]:
+        """One write in its own transaction; the rows it returns (none without RETURNING)."""
+        async with self.transaction() as conn:
+            result = await conn.execute(statement, dict(params or {}))
+            return list(result.all()) if result.returns_rows else []
 
     async def notify(self, conn: AsyncConnection, channel: str, payload: str) -> None:
         """NOTIFY `channel` when `conn`'s transaction commits."""

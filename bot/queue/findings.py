@@ -9,7 +9,6 @@ from datetime import datetime
 from typing import Any, Literal, cast
 
 from sqlalchemy import TextClause
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.diff import Side
 from bot.queue.connector import Connector
@@ -77,8 +76,8 @@ class ReviewedHead:
 class FindingStore:
     """Findings per pull request over the queue's database; the connector only runs the SQL."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.connector = Connector(engine)
+    def __init__(self, connector: Connector) -> None:
+        self.connector = connector
 
     async def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
         """Every row one statement returns (none for a write without RETURNING), in autocommit."""

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import TextClause
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.queue.connector import database_errors
+from bot.queue.connector import Connector
 from bot.queue.sql import guarantees as sql
-from bot.queue.sql.connection import READ_ONLY_SNAPSHOT
 
 # How many breaking rows each guarantee reports (the count says how many there are).
 SHOWN = 20
@@ -88,7 +86,7 @@ GUARANTEES: tuple[Guarantee, ...] = (
 
 
 async def check_guarantees(
-    engine: AsyncEngine,
+    connector: Connector,
     *,
     now: datetime,
     limits: GuaranteeLimits,
@@ -103,18 +101,13 @@ async def check_guarantees(
         "max_stage_attempts": limits.max_stage_attempts,
     }
     results: list[GuaranteeResult] = []
-    with database_errors():
-        async with engine.connect() as conn:
-            await conn.execute(READ_ONLY_SNAPSHOT)
-            for guarantee in guarantees:
-                names = guarantee.query.compile().params
-                rows = (
-                    await conn.execute(
-                        guarantee.query, {k: v for k, v in params.items() if k in names}
-                    )
-                ).all()
-                results.append(GuaranteeResult(guarantee, tuple(str(row[0]) for row in rows)))
-            await conn.rollback()
+    async with connector.snapshot() as conn:
+        for guarantee in guarantees:
+            names = guarantee.query.compile().params
+            rows = (
+                await conn.execute(guarantee.query, {k: v for k, v in params.items() if k in names})
+            ).all()
+            results.append(GuaranteeResult(guarantee, tuple(str(row[0]) for row in rows)))
     return results
 
 

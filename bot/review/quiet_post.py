@@ -65,7 +65,7 @@ def quiet_posting(settings: Settings, store: QueueStore) -> QuietPosting | None:
     if not settings.review.quiet:
         return None
     return QuietPosting(
-        FindingStore(store.engine),
+        FindingStore(store.connector),
         QuietSettings(
             min_inline_severity=settings.review.min_inline_severity,
             inline_cap=settings.review.inline_cap,

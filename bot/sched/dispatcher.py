@@ -181,7 +181,7 @@ class Dispatcher(DispatcherCore):
     def presence(self) -> Presence:
         """This dispatcher's row in `dispatchers`: its slots, running chunks and engines."""
         return Presence(
-            self.store.engine,
+            self.store.connector,
             name=self.settings.owner,
             slots=self.total_slots,
             engines=lambda: backend_engines(self.backend, self.engines),

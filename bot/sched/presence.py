@@ -13,11 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from bot.clock import Clock
 from bot.errors import StoreError
-from bot.obs import database
+from bot.queue.connector import Connector
 from bot.queue.sql import monitoring as sql
 from bot.sched.engine_pool import EnginePool
 
@@ -62,7 +60,7 @@ def backend_engines(backend: object, pool: EnginePool | None = None) -> list[dic
 class Presence:
     """Writes one dispatcher's row in `dispatchers`: a beat now and then, a goodbye at stop."""
 
-    engine: AsyncEngine
+    connector: Connector
     name: str
     slots: int
     engines: Callable[[], list[dict[str, Any]]]
@@ -75,8 +73,7 @@ class Presence:
         """Say this dispatcher is alive at `now`; raises StoreUnavailable/StoreError."""
         if self.started_at is None:
             self.started_at = now
-        await database.write_rows(
-            self.engine,
+        await self.connector.write(
             sql.UPSERT_DISPATCHER,
             {
                 "name": self.name,
@@ -89,15 +86,11 @@ class Presence:
                 "engines": json.dumps(self.engines()),
             },
         )
-        await database.write_rows(
-            self.engine, sql.PRUNE_DISPATCHERS, {"before": now - FORGET_AFTER}
-        )
+        await self.connector.write(sql.PRUNE_DISPATCHERS, {"before": now - FORGET_AFTER})
 
     async def leave(self, *, now: datetime) -> None:
         """Say this dispatcher stopped (so it does not read as crashed); raises StoreError."""
-        await database.write_rows(
-            self.engine, sql.MARK_DISPATCHER_STOPPED, {"name": self.name, "now": now}
-        )
+        await self.connector.write(sql.MARK_DISPATCHER_STOPPED, {"name": self.name, "now": now})
 
 
 async def keep_present(presence: Presence, *, clock: Clock, interval_s: float) -> None:

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from bot.model import LEVELS, JobState, Level
+from bot.queue.connector import Connector
 from bot.queue.sql import status as sql
 from bot.sched.mlfq import ServiceEstimator
 from bot.stats import percentile
@@ -65,13 +64,13 @@ class EtaRecorder:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        connector: Connector,
         *,
         capacity: Capacity,
         estimator: Callable[[], ServiceEstimator],
         learn: bool = True,
     ) -> None:
-        self.engine = engine
+        self.connector = connector
         self.capacity = capacity
         self.estimator = estimator
         self.learner = EtaLearner() if learn else None
@@ -81,11 +80,11 @@ class EtaRecorder:
     async def observe(self, now: datetime) -> int:
         """Give every review not seen before its ETA, as the status would show it; how many."""
         await self._learn()
-        rows = await fetch_live_rows(self.engine)
+        rows = await fetch_live_rows(self.connector)
         if not any(int(row.id) not in self.promises for row in rows):
             return 0
         estimator = self.estimator()
-        arrivals = await fetch_arrivals(self.engine, estimator=estimator, now=now)
+        arrivals = await fetch_arrivals(self.connector, estimator=estimator, now=now)
         raw = estimate_rows(
             rows, capacity=self.capacity, estimator=estimator, now=now, arrivals=arrivals
         )
@@ -113,8 +112,7 @@ class EtaRecorder:
         waiting = [job_id for job_id in self.promises if self.learner.promised(job_id)]
         if not waiting:
             return
-        async with self.engine.connect() as conn:
-            ended = (await conn.execute(sql.SELECT_ENDED_AMONG, {"ids": waiting})).all()
+        ended = await self.connector.fetch_all(sql.SELECT_ENDED_AMONG, {"ids": waiting})
         for row in ended:
             if JobState(row.state) == JobState.DONE and row.finished_at is not None:
                 self.learner.finished(int(row.id), row.finished_at)

@@ -22,9 +22,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from bot.budget.decide import WriteValue
 from bot.budget.intent import WriteHeld, WriteIntent, writing
 from bot.clock import Clock
@@ -126,7 +123,7 @@ class StatusPublisher:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        connector: Connector,
         forges: Mapping[str, StatusWriter],
         *,
         clock: Clock,
@@ -134,8 +131,7 @@ class StatusPublisher:
         estimator: Callable[[], ServiceEstimator],
         settings: StatusSettings | None = None,
     ) -> None:
-        self.engine = engine
-        self.connector = Connector(engine)
+        self.connector = connector
         self.forges = forges
         self.clock = clock
         self.capacity = capacity
@@ -165,60 +161,54 @@ class StatusPublisher:
             and now - self._kept[1] < MODEL_REFRESH
         ):
             return
-        await save_model(self.engine, model, now=now)
+        await save_model(self.connector, model, now=now)
         self._kept = (model, now)
 
     async def _owed_rows(self) -> list[Any]:
-        async with self.engine.connect() as conn:
-            result = await conn.execute(sql.SELECT_OWED, {"limit": self.settings.ended_batch})
-            return list(result.all())
+        return await self.connector.fetch_all(sql.SELECT_OWED, {"limit": self.settings.ended_batch})
 
     async def _settle(self, row: Any) -> None:
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                sql.SETTLE_OWED, {"job_id": int(row.id), "republish": bool(row.republish)}
-            )
+        await self.connector.write(
+            sql.SETTLE_OWED, {"job_id": int(row.id), "republish": bool(row.republish)}
+        )
 
     async def _gitlab_heads(self, due: Sequence[_Due]) -> dict[tuple[str, str], str]:
         """GitLab's state on each head that a due write targets."""
         shas = sorted({item.row.head_sha for item in due if item.row.forge == "gitlab"})
         if not shas:
             return {}
-        async with self.engine.connect() as conn:
-            rows = await conn.execute(sql.SELECT_HEAD_STATES, {"forge": "gitlab", "shas": shas})
+        rows = await self.connector.fetch_all(
+            sql.SELECT_HEAD_STATES, {"forge": "gitlab", "shas": shas}
+        )
         return {
-            (row.repo, row.head_sha): gitlab_state_of(row.state, row.conclusion)
-            for row in rows.all()
+            (row.repo, row.head_sha): gitlab_state_of(row.state, row.conclusion) for row in rows
         }
 
     async def _lead(self, now: datetime) -> int | None:
         """Take or renew the publisher's lease; the attempt held, or None (another leads)."""
-        async with self.engine.begin() as conn:
-            attempt = await conn.scalar(
-                sql.ACQUIRE_LEASE,
-                {
-                    "name": PUBLISHER_LEASE,
-                    "owner": self.settings.owner,
-                    "now": now,
-                    "until": now + timedelta(seconds=self.settings.lease_s),
-                },
-            )
-        return None if attempt is None else int(attempt)
+        held = await self.connector.write(
+            sql.ACQUIRE_LEASE,
+            {
+                "name": PUBLISHER_LEASE,
+                "owner": self.settings.owner,
+                "now": now,
+                "until": now + timedelta(seconds=self.settings.lease_s),
+            },
+        )
+        return int(held[0].attempt) if held else None
 
     async def _may_write(self, row: Any, report: StatusReport) -> bool:
         """Whether this pass's attempt still leads, and the job can still take the status."""
-        async with self.engine.connect() as conn:
-            found = await conn.scalar(
-                sql.MAY_WRITE,
-                {
-                    "name": PUBLISHER_LEASE,
-                    "owner": self.settings.owner,
-                    "attempt": self.attempt,
-                    "job_id": int(row.id),
-                    "final": report.state == "completed",
-                },
-            )
-            await conn.commit()
+        found = await self.connector.fetch_value(
+            sql.MAY_WRITE,
+            {
+                "name": PUBLISHER_LEASE,
+                "owner": self.settings.owner,
+                "attempt": self.attempt,
+                "job_id": int(row.id),
+                "final": report.state == "completed",
+            },
+        )
         return found is not None
 
     async def publish_once(self, now: datetime) -> PassResult:
@@ -261,7 +251,7 @@ class StatusPublisher:
     async def _due(self, now: datetime, result: PassResult) -> list[_Due]:
         model = self.model()
         await self._keep_model(model, now)
-        standing = await standings(self.engine, model, now=now)
+        standing = await standings(self.connector, model, now=now)
         for row in standing.rows:
             job_id = int(row.id)
             self.learner.promise(
@@ -473,30 +463,29 @@ class StatusPublisher:
         self, row: Any, report: StatusReport, written: StatusWritten, now: datetime
     ) -> None:
         try:
-            async with self.engine.begin() as conn:
-                await conn.execute(
-                    sql.RECORD_REPORT,
-                    {
-                        "job_id": int(row.id),
-                        "forge": row.forge,
-                        "repo": row.repo,
-                        "head_sha": row.head_sha,
-                        "kind": written.kind,
-                        "external_id": written.external_id,
-                        "state": report.state,
-                        "level": int(report.level),
-                        "place": report.place,
-                        "finish_at": report.finish_at,
-                        "parts_done": report.parts_done,
-                        "parts_total": report.parts_total,
-                        "conclusion": report.conclusion,
-                        "now": now,
-                        "lease_name": PUBLISHER_LEASE,
-                        "lease_owner": self.settings.owner,
-                        "lease_attempt": self.attempt,
-                    },
-                )
-        except SQLAlchemyError as exc:
+            await self.connector.write(
+                sql.RECORD_REPORT,
+                {
+                    "job_id": int(row.id),
+                    "forge": row.forge,
+                    "repo": row.repo,
+                    "head_sha": row.head_sha,
+                    "kind": written.kind,
+                    "external_id": written.external_id,
+                    "state": report.state,
+                    "level": int(report.level),
+                    "place": report.place,
+                    "finish_at": report.finish_at,
+                    "parts_done": report.parts_done,
+                    "parts_total": report.parts_total,
+                    "conclusion": report.conclusion,
+                    "now": now,
+                    "lease_name": PUBLISHER_LEASE,
+                    "lease_owner": self.settings.owner,
+                    "lease_attempt": self.attempt,
+                },
+            )
+        except StoreError as exc:
             # The write happened; the next pass may write it once more, which is harmless.
             log.warning(
                 "status of job %s written but not recorded: %s",
@@ -517,7 +506,7 @@ class StatusPublisher:
                 started = asyncio.get_running_loop().time()
                 try:
                     await self.publish_once(self.clock.now())
-                except (SQLAlchemyError, OSError) as exc:
+                except (StoreError, OSError) as exc:
                     log.warning(
                         "status pass failed: %s", exc, extra={"action": "status_pass_failed"}
                     )

@@ -15,9 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from bot.model import LEVELS, Level
+from bot.queue.connector import Connector
 from bot.queue.sql import status as sql
 from bot.sched.mlfq import MlfqSettings, ServiceEstimator
 from bot.status.calibrate import Calibration
@@ -49,19 +48,17 @@ def live_calls(row: Any) -> LiveCalls:
     )
 
 
-async def fetch_live_rows(engine: AsyncEngine) -> list[Any]:
+async def fetch_live_rows(connector: Connector) -> list[Any]:
     """Every live job with its calls and its last written status."""
-    async with engine.connect() as conn:
-        return list((await conn.execute(sql.SELECT_LIVE_JOBS)).all())
+    return await connector.fetch_all(sql.SELECT_LIVE_JOBS)
 
 
 async def fetch_arrivals(
-    engine: AsyncEngine, *, estimator: ServiceEstimator, now: datetime
+    connector: Connector, *, estimator: ServiceEstimator, now: datetime
 ) -> Arrivals | None:
     """The stream of reviews of the last ARRIVALS_WINDOW_S, as the ETA expects more of it."""
     params = {"since": now - timedelta(seconds=ARRIVALS_WINDOW_S), "now": now}
-    async with engine.connect() as conn:
-        rows = (await conn.execute(sql.SELECT_RECENT_ARRIVALS, params)).all()
+    rows = await connector.fetch_all(sql.SELECT_RECENT_ARRIVALS, params)
     recent = [(Level(row.level), None if row.lines is None else int(row.lines)) for row in rows]
     return arrivals_of(recent, estimator=estimator)
 
@@ -137,10 +134,10 @@ class Standings:
     estimates: Mapping[int, Estimate]  # as shown: scaled by the learnt factors
 
 
-async def standings(engine: AsyncEngine, model: EtaModel, *, now: datetime) -> Standings:
+async def standings(connector: Connector, model: EtaModel, *, now: datetime) -> Standings:
     """Place, start and end of every live review, as its status says them."""
-    rows = await fetch_live_rows(engine)
-    arrivals = await fetch_arrivals(engine, estimator=model.estimator, now=now)
+    rows = await fetch_live_rows(connector)
+    arrivals = await fetch_arrivals(connector, estimator=model.estimator, now=now)
     raw = estimate_rows(
         rows, capacity=model.capacity, estimator=model.estimator, now=now, arrivals=arrivals
     )
@@ -148,19 +145,17 @@ async def standings(engine: AsyncEngine, model: EtaModel, *, now: datetime) -> S
     return Standings(rows, raw, shown)
 
 
-async def save_model(engine: AsyncEngine, model: EtaModel, *, now: datetime) -> None:
+async def save_model(connector: Connector, model: EtaModel, *, now: datetime) -> None:
     """Keep the model the publisher estimates with, for every other process."""
-    async with engine.begin() as conn:
-        await conn.execute(
-            sql.UPSERT_ETA_MODEL,
-            {"name": MODEL_NAME, "model": json.dumps(model_to_json(model)), "now": now},
-        )
+    await connector.write(
+        sql.UPSERT_ETA_MODEL,
+        {"name": MODEL_NAME, "model": json.dumps(model_to_json(model)), "now": now},
+    )
 
 
-async def load_model(engine: AsyncEngine, *, fallback: EtaModel) -> EtaModel:
+async def load_model(connector: Connector, *, fallback: EtaModel) -> EtaModel:
     """The publisher's model, or `fallback` while none was kept (or it cannot be read)."""
-    async with engine.connect() as conn:
-        stored = await conn.scalar(sql.SELECT_ETA_MODEL, {"name": MODEL_NAME})
+    stored = await connector.fetch_value(sql.SELECT_ETA_MODEL, {"name": MODEL_NAME})
     if not isinstance(stored, dict):
         return fallback
     try:
@@ -169,9 +164,9 @@ async def load_model(engine: AsyncEngine, *, fallback: EtaModel) -> EtaModel:
         return fallback
 
 
-async def read_standings(engine: AsyncEngine, *, now: datetime, fallback: EtaModel) -> Standings:
+async def read_standings(connector: Connector, *, now: datetime, fallback: EtaModel) -> Standings:
     """Where every live review stands, with the publisher's model (`fallback` before one)."""
-    return await standings(engine, await load_model(engine, fallback=fallback), now=now)
+    return await standings(connector, await load_model(connector, fallback=fallback), now=now)
 
 
 __all__ = [

@@ -13,7 +13,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.clock import EPOCH, VirtualClock
 from bot.config import AlertSettings
@@ -29,6 +28,7 @@ from bot.obs.alerts import (
     webhook_due,
 )
 from bot.obs.metrics import Metrics
+from bot.queue.connector import Connector
 from bot.queue.store import QueueStore
 from bot.sched.presence import Presence
 from tests.support.factories import decide, make_request, plans
@@ -95,22 +95,20 @@ async def _submit(store: QueueStore, number: int, level: Level, clock: VirtualCl
     return result.job_id
 
 
-async def _alert_rows(engine: AsyncEngine) -> list[Any]:
-    async with engine.connect() as conn:
-        result = await conn.execute(text("SELECT job_id, level, waited_s FROM alerts"))
-        return list(result.all())
+async def _alert_rows(connector: Connector) -> list[Any]:
+    return await connector.fetch_all(text("SELECT job_id, level, waited_s FROM alerts"))
 
 
 @pytest.fixture
-async def engines(db_url: str) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]:
-    """Two engines on one database: two processes' alert loops."""
-    first = create_engine(db_url, pool_size=2)
-    second = create_engine(db_url, pool_size=2)
+async def connectors(db_url: str) -> AsyncIterator[tuple[Connector, Connector]]:
+    """Two connectors on one database, each with its own pool: two processes' alert loops."""
+    first = Connector(create_engine(db_url, pool_size=2))
+    second = Connector(create_engine(db_url, pool_size=2))
     try:
         yield first, second
     finally:
-        await first.dispose()
-        await second.dispose()
+        await first.close()
+        await second.close()
 
 
 def _alerts_counted(metrics: Metrics, level: str) -> float:
@@ -121,14 +119,14 @@ def _alerts_counted(metrics: Metrics, level: str) -> float:
 async def test_alert_fires_while_waiting_exactly_once_across_two_loops(
     store: QueueStore,
     clock: VirtualClock,
-    engines: tuple[AsyncEngine, AsyncEngine],
+    connectors: tuple[Connector, Connector],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     settings = AlertSettings(threshold_s=THRESHOLDS)
     metrics = (Metrics(), Metrics())
     monitors = [
-        AlertMonitor(engine=engine, settings=settings, metrics=m)
-        for engine, m in zip(engines, metrics, strict=True)
+        AlertMonitor(connector=connector, settings=settings, metrics=m)
+        for connector, m in zip(connectors, metrics, strict=True)
     ]
     hotfix = await _submit(store, 1, Level.P0, clock)
     ordinary = await _submit(store, 2, Level.P1, clock)
@@ -157,7 +155,7 @@ async def test_alert_fires_while_waiting_exactly_once_across_two_loops(
     clock.advance(600)
     fired = await asyncio.gather(*(m.run_once(now=clock.now()) for m in monitors))
     assert fired == [[], []]
-    rows = await _alert_rows(engines[0])
+    rows = await _alert_rows(connectors[0])
     assert sorted((row.job_id, row.level) for row in rows) == [(hotfix, 0), (ordinary, 1)]
     assert {row.job_id: row.waited_s for row in rows}[hotfix] == pytest.approx(11.0)
     assert sum(_alerts_counted(m, "P1") for m in metrics) == 1
@@ -165,7 +163,7 @@ async def test_alert_fires_while_waiting_exactly_once_across_two_loops(
 
 async def _dispatcher_alive(store: QueueStore, clock: VirtualClock) -> None:
     """A dispatcher's heartbeat at the clock's now (fresh for three heartbeats)."""
-    presence = Presence(store.engine, name="d1", slots=2, engines=lambda: [], running=lambda: 0)
+    presence = Presence(store.connector, name="d1", slots=2, engines=lambda: [], running=lambda: 0)
     await presence.beat(now=clock.now())
 
 
@@ -198,7 +196,7 @@ async def receiver(aiohttp_server: ServerMaker) -> tuple[Receiver, str]:
 async def test_webhook_posts_batched_and_rate_limited(
     store: QueueStore,
     clock: VirtualClock,
-    engines: tuple[AsyncEngine, AsyncEngine],
+    connectors: tuple[Connector, Connector],
     receiver: tuple[Receiver, str],
 ) -> None:
     hook, url = receiver
@@ -207,7 +205,7 @@ async def test_webhook_posts_batched_and_rate_limited(
     metrics = Metrics()
     async with aiohttp.ClientSession() as session:
         monitor = AlertMonitor(
-            engine=engines[0], settings=settings, metrics=metrics, session=session
+            connector=connectors[0], settings=settings, metrics=metrics, session=session
         )
         first = [await _submit(store, n, Level.P0, clock) for n in (10, 11)]
         clock.advance(11)
@@ -246,11 +244,11 @@ async def test_alert_loop_runs_as_cleanup_ctx(
     await _dispatcher_alive(store, clock)
     job_id = await _submit(store, 20, Level.P0, clock)
     clock.advance(30)
-    engine = create_engine(db_url, pool_size=2)
+    connector = Connector(create_engine(db_url, pool_size=2))
     app = web.Application()
     setup_alerts(
         app,
-        engine=engine,
+        connector=connector,
         settings=AlertSettings(threshold_s=THRESHOLDS, webhook_url=url),
         clock=clock,
         interval_s=0.02,
@@ -262,6 +260,6 @@ async def test_alert_loop_runs_as_cleanup_ctx(
         await asyncio.wait_for(hook.received.wait(), timeout=10)
     finally:
         await server.close()
-        await engine.dispose()
-    assert [row.job_id for row in await _alert_rows(store.engine)] == [job_id]
+        await connector.close()
+    assert [row.job_id for row in await _alert_rows(store.connector)] == [job_id]
     assert len(hook.messages) == 1 and "waited 30 s" in hook.messages[0]["text"]

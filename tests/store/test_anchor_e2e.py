@@ -170,7 +170,7 @@ async def test_findings_land_where_they_belong_and_the_outcomes_are_counted(
         backend=ErringModel(),
         clock=SystemClock(),
         metrics=metrics,
-        quiet=QuietPosting(FindingStore(store.engine)) if quiet else None,
+        quiet=QuietPosting(FindingStore(store.connector)) if quiet else None,
         dispatcher=DispatcherSettings(
             owner="anchor-test", policy="mlfq", slots=1, poll_s=0.1, mlfq=MlfqSettings()
         ),

@@ -10,7 +10,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.budget.decide import BudgetLimits, WriteValue
 from bot.budget.intent import WriteDropped, WriteIntent, writing
@@ -27,6 +26,7 @@ from bot.emulator import EmulatorState, Fault, ForgeEmulator, generate_file_chan
 from bot.forges.base import RetryPolicy
 from bot.forges.github import GitHubClient
 from bot.obs.metrics import setup_metrics
+from bot.queue.connector import Connector
 from tests.support.pipeline_helpers import APP_ID
 from tests.support.web import ClientMaker, samples
 
@@ -49,14 +49,15 @@ pytestmark = pytest.mark.emulator(
 
 
 @pytest.fixture
-async def engines(db_url: str) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]:
+async def connectors(db_url: str) -> AsyncIterator[tuple[Connector, Connector]]:
     """Two connection pools on one database: what two processes each hold."""
-    first, second = create_engine(db_url, pool_size=2), create_engine(db_url, pool_size=2)
+    first = Connector(create_engine(db_url, pool_size=2))
+    second = Connector(create_engine(db_url, pool_size=2))
     try:
         yield first, second
     finally:
-        await first.dispose()
-        await second.dispose()
+        await first.close()
+        await second.close()
 
 
 @pytest.fixture
@@ -65,11 +66,11 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield client
 
 
-def shared(engine: AsyncEngine, clock: VirtualClock) -> PostgresWriteBudget:
+def shared(connector: Connector, clock: VirtualClock) -> PostgresWriteBudget:
     # Every sleeper moves the one virtual clock, so a claim's silence looks longer than it is:
     # claims stay live for ten virtual minutes here.
     settings = BudgetSettings({"github": TIGHT}, stale_s=600.0, poll_max_s=1.0)
-    return PostgresWriteBudget(engine, now=clock.now, sleep=clock.sleep, settings=settings)
+    return PostgresWriteBudget(connector, now=clock.now, sleep=clock.sleep, settings=settings)
 
 
 def client(
@@ -110,15 +111,15 @@ async def post_comments(github: GitHubClient, count: int, name: str) -> None:
 
 
 async def test_two_processes_sharing_the_budget_never_meet_the_secondary_limit(
-    engines: tuple[AsyncEngine, AsyncEngine],
+    connectors: tuple[Connector, Connector],
     emulator: ForgeEmulator,
     session: aiohttp.ClientSession,
     clock: VirtualClock,
 ) -> None:
     """Two processes post 15 comments each through one token: together they keep the
     emulator's 10 a minute, so GitHub never answers 403 and every comment is posted."""
-    one = client(emulator, session, clock, shared(engines[0], clock))
-    two = client(emulator, session, clock, shared(engines[1], clock))
+    one = client(emulator, session, clock, shared(connectors[0], clock))
+    two = client(emulator, session, clock, shared(connectors[1], clock))
     await asyncio.gather(post_comments(one, 15, "one"), post_comments(two, 15, "two"))
     times = comment_times(emulator)
     assert len(times) == 30
@@ -142,11 +143,11 @@ async def test_two_processes_each_with_its_own_budget_meet_the_secondary_limit(
 
 
 async def test_a_p0_review_is_posted_before_a_p2_review_that_waited_longer(
-    engines: tuple[AsyncEngine, AsyncEngine], clock: VirtualClock
+    connectors: tuple[Connector, Connector], clock: VirtualClock
 ) -> None:
     """The minute is spent; a P2's review waits, then a P0's arrives in another process: the
     P0 gets the first free slot."""
-    first, second = shared(engines[0], clock), shared(engines[1], clock)
+    first, second = shared(connectors[0], clock), shared(connectors[1], clock)
     with writing(WriteIntent(level=0)):
         for _ in range(10):  # the minute's slots come free 5 s apart
             await first.spend(KEY, action="fill", value=WriteValue.REVIEW)
@@ -161,44 +162,41 @@ async def test_a_p0_review_is_posted_before_a_p2_review_that_waited_longer(
     await asyncio.sleep(0)  # the P2 is in line first
     p0 = asyncio.create_task(review(second, 0))
     await asyncio.gather(p2, p0)
-    async with engines[0].connect() as conn:
-        order = list(
-            (
-                await conn.execute(
-                    text("SELECT level FROM forge_writes WHERE action = 'post_review' ORDER BY id")
-                )
-            ).scalars()
+    order = [
+        row.level
+        for row in await connectors[0].fetch_all(
+            text("SELECT level FROM forge_writes WHERE action = 'post_review' ORDER BY id")
         )
+    ]
     assert order == [0, 2]
     assert clock.now() >= filled + timedelta(seconds=10)  # both waited for a slot
 
 
 async def test_news_is_dropped_and_a_coalesced_status_is_one_write(
-    engines: tuple[AsyncEngine, AsyncEngine], clock: VirtualClock
+    connectors: tuple[Connector, Connector], clock: VirtualClock
 ) -> None:
-    budget = shared(engines[0], clock)
+    budget = shared(connectors[0], clock)
     with writing(WriteIntent(level=0)):
         for _ in range(6):
             await budget.spend(KEY, action="fill", value=WriteValue.REVIEW)
     # 4 of 10 left: news must leave half the minute to more valuable writes.
     with writing(WriteIntent(value=WriteValue.NEWS)), pytest.raises(WriteDropped):
         await budget.spend(KEY, action="eta", value=WriteValue.NEWS)
-    async with engines[0].connect() as conn:
-        claims = await conn.scalar(text("SELECT count(*) FROM forge_write_claims"))
-        writes = await conn.scalar(text("SELECT count(*) FROM forge_writes"))
+    claims = await connectors[0].fetch_value(text("SELECT count(*) FROM forge_write_claims"))
+    writes = await connectors[0].fetch_value(text("SELECT count(*) FROM forge_writes"))
     assert (claims, writes) == (0, 6)
 
 
 async def test_a_secondary_limit_answer_pauses_every_process(
-    engines: tuple[AsyncEngine, AsyncEngine],
+    connectors: tuple[Connector, Connector],
     emulator: ForgeEmulator,
     session: aiohttp.ClientSession,
     clock: VirtualClock,
 ) -> None:
     """GitHub answers one process 403 with Retry-After 30: the other process's next write
     waits those 30 seconds too, instead of meeting the limit again."""
-    one = client(emulator, session, clock, shared(engines[0], clock))
-    two = client(emulator, session, clock, shared(engines[1], clock))
+    one = client(emulator, session, clock, shared(connectors[0], clock))
+    two = client(emulator, session, clock, shared(connectors[1], clock))
     emulator.state.add_fault("github.comments.create", Fault.secondary_rate_limit(retry_after=30))
     refused_at = clock.now()
     await one.post_comment(REPO, 1, "after the pause")
@@ -209,12 +207,12 @@ async def test_a_secondary_limit_answer_pauses_every_process(
 
 
 async def test_metrics_show_the_budget_left_per_installation(
-    aiohttp_client: ClientMaker, engines: tuple[AsyncEngine, AsyncEngine], clock: VirtualClock
+    aiohttp_client: ClientMaker, connectors: tuple[Connector, Connector], clock: VirtualClock
 ) -> None:
     """/metrics reads every budget from the database: writes left this minute and hour, the
     writes waiting, a pause the forge asked for."""
     budget = PostgresWriteBudget(
-        engines[0],
+        connectors[0],
         now=clock.now,
         sleep=clock.sleep,
         settings=BudgetSettings({"github": BudgetLimits(per_minute=80, per_hour=500)}),
@@ -226,7 +224,7 @@ async def test_metrics_show_the_budget_left_per_installation(
     await budget.spend(KEY, action="post_review", value=WriteValue.REVIEW)
     await budget.hold(KEY, 30)
     app = web.Application()
-    setup_metrics(app, engine=engines[1], clock=clock)
+    setup_metrics(app, connector=connectors[1], clock=clock)
     client = await aiohttp_client(app)
     values = samples(await (await client.get("/metrics")).text())
     labels = (("budget", str(KEY)),)

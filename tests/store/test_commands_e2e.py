@@ -225,7 +225,7 @@ async def test_status_says_the_place_and_eta_the_commit_status_says(harness: Har
         await harness.store.plan_job(job_id, plans(40, 40), now=harness.clock.now())
         numbers.append(number)
     statuses = StatusPublisher(
-        harness.store.engine,
+        harness.store.connector,
         {"github": harness.forges["github"]},
         clock=harness.clock,
         capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),

@@ -41,7 +41,7 @@ async def _reviewed(store: QueueStore, clock: VirtualClock, number: int) -> int:
 
 
 async def _broken(store: QueueStore, clock: VirtualClock) -> dict[str, tuple[str, ...]]:
-    results = await check_guarantees(store.engine, now=clock.now(), limits=LIMITS)
+    results = await check_guarantees(store.connector, now=clock.now(), limits=LIMITS)
     assert [result.guarantee.name for result in results] == [g.name for g in GUARANTEES]
     return {result.guarantee.name: result.broken_by for result in results if not result.holds}
 

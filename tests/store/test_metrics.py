@@ -11,6 +11,7 @@ from bot.config import ForgeSettings, Settings
 from bot.db import create_engine
 from bot.model import Level
 from bot.obs.metrics import METRICS_KEY, Metrics, setup_metrics, webhook_outcome
+from bot.queue.connector import Connector
 from bot.queue.store import QueueStore
 from tests.support.factories import decide, make_request, plans
 from tests.support.web import ClientMaker, samples
@@ -77,7 +78,7 @@ async def test_scrape_reads_the_queue_from_the_database(
     aiohttp_client: ClientMaker, store: QueueStore, clock: VirtualClock
 ) -> None:
     app = web.Application()
-    setup_metrics(app, engine=store.engine, clock=clock)
+    setup_metrics(app, connector=store.connector, clock=clock)
     client = await aiohttp_client(app)
     jobs = {}
     for number, level in ((1, Level.P0), (2, Level.P1), (3, Level.P1), (4, Level.P3)):
@@ -118,9 +119,9 @@ async def test_scrape_reads_the_queue_from_the_database(
 
 
 async def test_scrape_survives_a_database_outage(aiohttp_client: ClientMaker) -> None:
-    engine = create_engine("postgresql://nobody@127.0.0.1:1/none", pool_size=1)
+    connector = Connector(create_engine("postgresql://nobody@127.0.0.1:1/none", pool_size=1))
     app = web.Application()
-    metrics = setup_metrics(app, engine=engine, clock=VirtualClock())
+    metrics = setup_metrics(app, connector=connector, clock=VirtualClock())
     client = await aiohttp_client(app)
     try:
         response = await client.get("/metrics")
@@ -129,7 +130,7 @@ async def test_scrape_survives_a_database_outage(aiohttp_client: ClientMaker) ->
         assert values["review_bot_metrics_scrape_errors_total", ()] == 1
         assert app[METRICS_KEY] is metrics
     finally:
-        await engine.dispose()
+        await connector.close()
 
 
 async def test_create_app_serves_metrics_and_counts_webhooks(

@@ -108,7 +108,7 @@ class QuietBot:
         self.server = TestServer(
             create_app(settings, store=store, policies=self.book, clock=clock), host="127.0.0.1"
         )
-        self.findings = FindingStore(store.engine)
+        self.findings = FindingStore(store.connector)
         self.pipeline = ReviewPipeline(store, forges, self.book, quiet=QuietPosting(self.findings))
         self.backend = SimulatedBackend()
         self.commands = CommandWorker(store, forges=forges, policies=self.book, clock=clock)

@@ -33,6 +33,7 @@ from bot.obs.reports import (
     run_report_command,
     success_verdict,
 )
+from bot.queue.connector import Connector
 from bot.queue.store import QueueStore
 from tests.support.factories import decide, make_request
 from tests.support.obs_helpers import replayed_database
@@ -70,11 +71,11 @@ async def replayed(pg_server: str, template_database: str) -> AsyncIterator[tupl
 
 
 async def _report(url: str, name: str, **options: Any) -> Any:
-    engine = create_engine(url, pool_size=1)
+    connector = Connector(create_engine(url, pool_size=1))
     try:
-        return await build_report(engine, name, ReportOptions(slots=2, **options))
+        return await build_report(connector, name, ReportOptions(slots=2, **options))
     finally:
-        await engine.dispose()
+        await connector.close()
 
 
 def _by_level(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -119,13 +120,13 @@ async def test_waits_view_matches_the_replay(replayed: tuple[str, Any]) -> None:
 async def test_psql_views_are_the_reports(replayed: tuple[str, Any], name: str, view: str) -> None:
     """A view and `bot report` with the defaults give the same rows: one SQL behind both."""
     url, _ = replayed
-    engine = create_engine(url, pool_size=1)
+    connector = Connector(create_engine(url, pool_size=1))
     try:
         # The views judge "still waiting" now, as the report does when given the time.
         options = ReportOptions(slots=8, now=datetime.now(UTC))
-        report = await build_report(engine, name, options)
+        report = await build_report(connector, name, options)
     finally:
-        await engine.dispose()
+        await connector.close()
     connection = await asyncpg.connect(plain_url(url))
     try:
         rows = await connection.fetch(f"SELECT * FROM {view}")
@@ -335,10 +336,10 @@ async def test_breaches_count_jobs_still_waiting_past_the_threshold(store: Queue
     )
     assert stuck.job_id is not None
     options = ReportOptions(now=EPOCH + timedelta(seconds=60))
-    levels = _by_level((await build_report(store.engine, "waits", options)).rows)
+    levels = _by_level((await build_report(store.connector, "waits", options)).rows)
     # Measured at the window's end when that comes first.
     early = ReportOptions(until=EPOCH + timedelta(seconds=9), now=EPOCH + timedelta(hours=1))
-    before_threshold = _by_level((await build_report(store.engine, "waits", early)).rows)
+    before_threshold = _by_level((await build_report(store.connector, "waits", early)).rows)
     assert (levels["P0"]["jobs"], levels["P0"]["started"], levels["P0"]["waiting"]) == (2, 0, 2)
     assert levels["P0"]["breaches"] == 1  # 60 s > 10 s; the other has waited 5 s
     assert levels["all"]["breaches"] == 1

@@ -33,6 +33,7 @@ from bot.obs.dashboard import (
     wait_series,
 )
 from bot.obs.metrics import read_queue_snapshot
+from bot.queue.connector import Connector
 from bot.queue.store import QueueStore
 from tests.support.factories import decide, make_request, plans
 from tests.support.obs_helpers import replayed_database
@@ -88,7 +89,7 @@ def test_bearer_token_parsing() -> None:
 
 def _admin_app(store: QueueStore, clock: VirtualClock, token: str | None) -> web.Application:
     app = web.Application()
-    setup_admin(app, admin_token=token, engine=store.engine, clock=clock)
+    setup_admin(app, admin_token=token, connector=store.connector, clock=clock)
     return app
 
 
@@ -206,7 +207,7 @@ async def test_hostile_text_on_the_page_is_escaped(
     view = DashboardView(
         now=now,
         since=now - timedelta(hours=1),
-        queue=await read_queue_snapshot(store.engine, now=now),
+        queue=await read_queue_snapshot(store.connector, now=now),
         waits=[],
         alerts=[{"fired_at": now, "level": "P1", "repo": "<img src=x onerror=alert(2)>",
                  "number": 7, "waited_s": 90.0, "state": '"><script>x</script>'}],
@@ -227,7 +228,7 @@ async def dashboard_url(pg_server: str, template_database: str) -> AsyncIterator
     async with replayed_database(pg_server, template_database) as (url, _):
         clock = VirtualClock(EPOCH + timedelta(minutes=40))
         store = QueueStore.from_url(url, pool_size=2)
-        engine = create_engine(url, pool_size=2)
+        connector = Connector(create_engine(url, pool_size=2))
         try:
             waiting = await store.submit_request(
                 make_request(repo="acme/hotfix-repo", number=77, head_sha="e" * 40),
@@ -236,10 +237,10 @@ async def dashboard_url(pg_server: str, template_database: str) -> AsyncIterator
             )
             assert waiting.job_id is not None
             clock.advance(25)
-            monitor = AlertMonitor(engine=engine, settings=AlertSettings())
+            monitor = AlertMonitor(connector=connector, settings=AlertSettings())
             assert len(await monitor.check(now=clock.now())) == 1
             app = web.Application()
-            setup_admin(app, admin_token=TOKEN, engine=engine, clock=clock)
+            setup_admin(app, admin_token=TOKEN, connector=connector, clock=clock)
             server = TestServer(app, host="127.0.0.1")
             await server.start_server()
             try:
@@ -247,7 +248,7 @@ async def dashboard_url(pg_server: str, template_database: str) -> AsyncIterator
             finally:
                 await server.close()
         finally:
-            await engine.dispose()
+            await connector.close()
             await store.close()
 
 

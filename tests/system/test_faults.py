@@ -38,6 +38,7 @@ from bot.emulator.webhooks import build_github_issue_comment_event, send_webhook
 from bot.errors import ConfigError
 from bot.forges.base import SUMMARY_MARKER, find_marker
 from bot.model import Forge
+from bot.queue.connector import Connector
 from bot.queue.guarantees import GuaranteeLimits, check_guarantees, render_guarantees
 from bot.sim.trace import TraceRequest
 from tests.support.serving import REPO_ROOT, free_port, start_serve, wait_until
@@ -275,17 +276,17 @@ async def _jobs_posting_by(database_url: str, owner_pattern: str) -> list[int]:
 
 async def _check_guarantees(database_url: str) -> None:
     """Every guarantee of the queue holds (bot.queue.guarantees, what `bot check` runs)."""
-    engine = create_async_engine(async_url(database_url))
+    connector = Connector(create_async_engine(async_url(database_url)))
     try:
         results = await check_guarantees(
-            engine,
+            connector,
             now=datetime.now(UTC),
             limits=GuaranteeLimits(
                 lease_s=LEASE_S, heartbeat_s=HEARTBEAT_S, max_chunk_attempts=MAX_ATTEMPTS
             ),
         )
     finally:
-        await engine.dispose()
+        await connector.close()
     assert all(result.holds for result in results), render_guarantees(results)
 
 
