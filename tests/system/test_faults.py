@@ -33,6 +33,7 @@ from bot.db import upgrade_database
 from bot.demo import SECRET, TOKEN, load_demo_trace, send_request
 from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.github import seed_issue_comment
+from bot.emulator.limits import CONTENT_METHODS, NOT_CONTENT_ROUTES
 from bot.emulator.state import Fault
 from bot.emulator.webhooks import build_github_issue_comment_event, send_webhook
 from bot.errors import ConfigError
@@ -746,3 +747,65 @@ async def test_a_web_process_paused_with_command_replies_on_the_wire_replies_onc
 
 async def _logged(served: Served, text: str) -> bool:
     return text in served.log.read_text()
+
+
+# The shared write budget drill: GitHub's secondary limit shrunk to a few writes a "minute"
+# of compressed time, on the emulator and in the bot alike.
+BUDGET_PER_MINUTE = 4
+BUDGET_TIME_SCALE = 0.1  # a minute lasts 6 s
+BUDGET_BURST = 16
+
+
+async def test_two_dispatcher_processes_share_one_write_budget(
+    db_url: str, emulator: ForgeEmulator, tmp_path: Path
+) -> None:
+    """Two `bot serve` dispatchers post reviews through one GitHub token whose secondary limit
+    the emulator enforces (a 403 with Retry-After past it): the budget they share in PostgreSQL
+    keeps the two together under it, so GitHub refuses nothing and every review is posted once.
+    Each process pacing only itself would spend the limit twice."""
+    state = emulator.state
+    state.set_content_limits(
+        "github", per_minute=BUDGET_PER_MINUTE, per_hour=0, time_scale=BUDGET_TIME_SCALE
+    )
+    env = _environment(
+        db_url,
+        emulator,
+        REVIEW_BOT_GITHUB_WRITES_PER_MINUTE=str(BUDGET_PER_MINUTE),
+        REVIEW_BOT_GITHUB_WRITES_PER_HOUR="0",
+        REVIEW_BOT_FORGE_WINDOW_SCALE=str(BUDGET_TIME_SCALE),
+        REVIEW_BOT_LEASE_S="300",
+        REVIEW_BOT_HEARTBEAT_S="1",
+    )
+    requests = _burst(BUDGET_BURST, github_every=1)
+    async with _serving(["web", "dispatcher", "dispatcher"], env, tmp_path) as served:
+        web, *dispatchers = served
+        answers = await _send_all(emulator, web.url, requests)
+
+        async def drained() -> bool:
+            for item in served:
+                assert item.process.returncode is None, item.log.read_text()[-3000:]
+            return await _drained(db_url)
+
+        await wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
+    assert Counter(answers.values()) == {"queued": BUDGET_BURST}
+    await _check_exactly_once(db_url, state, answers)
+    assert state.content.refused == 0
+    assert state.count_requests("github.reviews.create", status=403) == 0
+    posted_by = [item.log.read_text().count("posted (") for item in dispatchers]
+    assert all(count > 0 for count in posted_by), f"one process posted everything: {posted_by}"
+    assert sum(posted_by) == BUDGET_BURST
+    writes = sorted(
+        item.at
+        for item in state.requests
+        if item.route.startswith("github.")
+        and item.method in CONTENT_METHODS
+        and item.route not in NOT_CONTENT_ROUTES
+        and item.status < 400
+    )
+    window = 60.0 * BUDGET_TIME_SCALE
+    most = max(
+        sum(1 for other in writes[index:] if (other - start).total_seconds() < window)
+        for index, start in enumerate(writes)
+    )
+    assert most <= BUDGET_PER_MINUTE, f"{most} writes in one compressed minute"
+    print(f"two dispatchers, one budget: {posted_by} reviews posted, at most {most} a minute")
