@@ -118,8 +118,9 @@ class ChunkLeases(StorePart):
             extra={"rank": float(row.rank), "engine": row.engine},
         )
 
-    async def move_chunk_engine(self, chunk_id: int, *, owner: str, engine: str) -> bool:
-        """Name the engine a chunk `owner` holds runs on; False when the lease is lost."""
+    async def move_chunk_engine(self, chunk_id: int, *, owner: str, engine: str | None) -> bool:
+        """Name the engine a chunk `owner` holds runs on (None: none yet, it waits for one);
+        False when the lease is lost."""
         async with self.connector.single_statement() as conn:
             result = await conn.execute(
                 chunks_sql.MOVE_CHUNK_ENGINE,

@@ -283,13 +283,16 @@ class DispatcherCore:
             if chunk.level == Level.P0 or home is None or parked_there >= home.window:
                 target = picked
             else:
-                self._parked[chunk.id] = (now, leased_on)
+                # Parked: leased, but on no engine until it starts, or every process's windows
+                # would count it against the engine it was leased for, which it never runs on.
+                await self._move_engine(chunk.id, leased_on, None)
+                self._parked[chunk.id] = (now, None)
                 return None
         await self._move_engine(chunk.id, leased_on, target.name)
         self.engines.homes.settle(chunk.job_id, target.name)
         return target
 
-    async def _move_engine(self, chunk_id: int, leased_on: str | None, engine: str) -> None:
+    async def _move_engine(self, chunk_id: int, leased_on: str | None, engine: str | None) -> None:
         if leased_on == engine:
             return
         # The windows of every process count what runs on each engine from this column.

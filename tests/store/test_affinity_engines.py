@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 
 import pytest
 import sqlalchemy as sa
@@ -30,16 +31,19 @@ FORGES = memory_forges(SystemClock())
 
 
 class SlowServer:
-    """Answers every call after `delay_s`, whole (not streamed)."""
+    """Answers every call after `delay_s`, whole (not streamed), once `gate` is open."""
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
         self.served = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
         self.runner: web.AppRunner | None = None
         self.url = ""
 
     async def chat(self, request: web.Request) -> web.Response:
         await request.json()
+        await self.gate.wait()
         await asyncio.sleep(self.delay_s)
         self.served += 1
         return web.json_response(
@@ -91,6 +95,36 @@ async def _until_done(store: QueueStore, job_ids: list[int], timeout_s: float) -
         await asyncio.sleep(0.05)
 
 
+async def _running_engines(store: QueueStore, job_id: int) -> Counter[str | None]:
+    """Review `job_id`'s running chunks by the engine the database says each runs on."""
+    async with store.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                sa.text(
+                    "SELECT engine FROM review_chunks WHERE job_id = :job AND state = 'running'"
+                ),
+                {"job": job_id},
+            )
+        ).all()
+    return Counter(row.engine for row in rows)
+
+
+async def _until_home_and_waiting(
+    store: QueueStore, job_id: int, *, waiting: int, timeout_s: float
+) -> str:
+    """Until review `job_id` runs two chunks on one engine (its home, returned) and `waiting`
+    more wait for it, leased but on no engine."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        running = await _running_engines(store, job_id)
+        homes = [engine for engine in running if engine is not None]
+        if len(homes) == 1 and running[homes[0]] == 2 and running[None] == waiting:
+            return str(homes[0])
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"review {job_id} runs {dict(running)}")
+        await asyncio.sleep(0.05)
+
+
 async def _engines_by_job(store: QueueStore, job_ids: list[int]) -> dict[int, list[str]]:
     async with store.engine.connect() as conn:
         rows = (
@@ -139,9 +173,28 @@ async def test_a_reviews_chunks_stay_on_the_engine_of_its_first(
         warm = [await _submit(store, number, files=1) for number in (1, 2)]
         await _until_done(store, warm, 20.0)
         assert all(engine.completed > 0 for engine in pool.engines)
-        reviews = [await _submit(store, number, files=4) for number in (10, 11)]
+        if prefill_s > 0:
+            # The engines hold their answers while both reviews start, so what runs where is
+            # seen as it stands, however slow the machine.
+            for server in servers:
+                server.gate.clear()
+            first = await _submit(store, 10, files=4)
+            # Two chunks run at its home; two wait for it, leased but on no engine.
+            first_home = await _until_home_and_waiting(store, first, waiting=2, timeout_s=30.0)
+            second = await _submit(store, 11, files=4)
+            # The waiting chunks are not counted on the other engine, whose places are free:
+            # the second review starts there at once (the rest of it waits in the queue).
+            second_home = await _until_home_and_waiting(store, second, waiting=0, timeout_s=30.0)
+            assert first_home != second_home
+            for server in servers:
+                server.gate.set()
+            reviews = [first, second]
+        else:
+            reviews = [await _submit(store, number, files=4) for number in (10, 11)]
         await _until_done(store, reviews, 60.0)
     finally:
+        for server in servers:
+            server.gate.set()
         dispatcher.stop()
         await asyncio.wait_for(runner, timeout=10.0)
         await backend.close()
