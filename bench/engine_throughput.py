@@ -13,6 +13,9 @@ Each run, against one CPU vLLM server (scripts/vllm_cpu.sh, started here unless 
    with the engine's window fixed at 1, then adaptive; a P0 review (a change into a hotfix
    branch) is sent when half of the reviews are posted;
 3. the same P0 review alone on the idle server.
+Each drain also reports the answer tokens its P0 room threw away by taking calls back (their
+share of the drain's completion tokens) and the share of prompt tokens vLLM served from its
+prefix cache, read from the server's /metrics before and after the drain.
 The runs follow one another, so machine drift touches baseline and bot alike; the report gives
 their medians. Writes bench/results/engine.json and engine.md. Run it alone on the machine (it
 measures throughput).
@@ -59,6 +62,11 @@ from bot.engine_setup import ServedBudget, served_line_budget  # noqa: E402
 from bot.forges.base import RetryPolicy  # noqa: E402
 from bot.forges.registry import ForgeOptions, build_forges  # noqa: E402
 from bot.llm.openai_compat import OpenAICompatBackend  # noqa: E402
+from bot.llm.vllm_metrics import (  # noqa: E402
+    EngineMetrics,
+    fetch_engine_metrics,
+    prefix_cache_hit_rate,
+)
 from bot.model import JobState  # noqa: E402
 from bot.policy import load_policy_book  # noqa: E402
 from bot.review.assemble import classify_skipped_file  # noqa: E402
@@ -259,6 +267,14 @@ class Drain:
     posted: int
     taken_back: int  # calls taken back for P0 work (their chunks queued again)
     window_reasons: dict[str, int]  # the window's judged intervals, by the reason of each move
+    recomputed_tokens: int  # answer tokens the taken-back calls had streamed, thrown away
+    recomputed_share: float  # of the drain's completion tokens
+    prefix_cache_hit_rate: float | None  # prompt tokens served from vLLM's prefix cache
+
+
+async def scrape(url: str) -> EngineMetrics | None:
+    async with aiohttp.ClientSession() as session:
+        return await fetch_engine_metrics(session, url)
 
 
 async def drain_through_bot(
@@ -271,6 +287,7 @@ async def drain_through_bot(
     mode: str,
 ) -> Drain:
     """Send every review's webhook at once, the hotfix when half are posted; wait for all."""
+    before = await scrape(url)
     async with fresh_database(DATABASE_URL) as database_url:
         settings = settings_for(url, database_url).with_changes(
             window=window,
@@ -327,6 +344,9 @@ async def drain_through_bot(
                     if live == 0 and (hotfix is None or p0_sent is not None):
                         break
                     await asyncio.sleep(0.5)
+                recomputed = (
+                    running.dispatcher.recomputed_tokens if running.dispatcher is not None else 0
+                )
             posted = len(emulator.state.posted(kind="review")) + len(
                 emulator.state.posted(kind="note")
             )
@@ -365,6 +385,8 @@ async def drain_through_bot(
                     )
                 ).scalar_one_or_none()
         await store.close()
+    after = await scrape(url)
+    hit_rate = prefix_cache_hit_rate(before, after) if after is not None else None
     tokens = int(row.tokens or 0)
     wall = float(row.wall_s or 0.0)
     windows = list(pool.engines[0].history) if pool is not None else []
@@ -380,6 +402,9 @@ async def drain_through_bot(
         posted=posted,
         taken_back=int(taken_back or 0),
         window_reasons=dict(pool.engines[0].decisions) if pool is not None else {},
+        recomputed_tokens=recomputed,
+        recomputed_share=round(recomputed / tokens, 4) if tokens else 0.0,
+        prefix_cache_hit_rate=None if hit_rate is None else round(hit_rate, 3),
     )
 
 
@@ -413,18 +438,25 @@ async def measure_p0(url: str, count: int) -> dict[str, Any]:
     return result
 
 
+def percent(share: float) -> str:
+    return f"{100 * share:.1f}%"
+
+
 def drain_table(drains: Sequence[dict[str, Any]], *, first_column: str) -> list[str]:
     """The drains' rows under their header, as both reports print them."""
     lines = [
         f"| {first_column} | chunks | completion tokens/s | P0 turnaround s | taken back "
-        "| windows |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        "| tokens recomputed | prefix cache hits | windows |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for drain in drains:
         sizes = " ".join(str(size) for _, size in drain["windows"][:12])
+        hits = drain["prefix_cache_hit_rate"]
         lines.append(
             f"| {drain['mode']} | {drain['chunks']} | {drain['tokens_per_s']} "
-            f"| {drain['p0_turnaround_s']} | {drain['taken_back']} | {sizes} |"
+            f"| {drain['p0_turnaround_s']} | {drain['taken_back']} "
+            f"| {drain['recomputed_tokens']} ({percent(drain['recomputed_share'])}) "
+            f"| {'-' if hits is None else percent(hits)} | {sizes} |"
         )
     return lines
 
@@ -470,7 +502,17 @@ async def measure_once(
         )
     window1, adaptive, idle = drains
     best = max(raw, key=lambda row: row["tokens_per_s"])
+    loaded_over_idle = (
+        round(adaptive.p0_turnaround_s / idle.p0_turnaround_s, 3)
+        if adaptive.p0_turnaround_s and idle.p0_turnaround_s
+        else None
+    )
     return {
+        "adaptive_over_raw": round(adaptive.tokens_per_s / best["tokens_per_s"], 3),
+        "p0_loaded_over_idle": loaded_over_idle,
+        "adaptive_recomputed_share": adaptive.recomputed_share,
+        "adaptive_prefix_cache_hit_rate": adaptive.prefix_cache_hit_rate,
+        "window1_prefix_cache_hit_rate": window1.prefix_cache_hit_rate,
         "raw_best_tokens_per_s": best["tokens_per_s"],
         "raw_best_concurrency": best["concurrency"],
         "window1_tokens_per_s": window1.tokens_per_s,
@@ -491,11 +533,24 @@ MEDIAN_KEYS = (
     "p0_loaded_turnaround_s",
     "p0_loaded_window1_turnaround_s",
 )
+# Per-run ratios and shares, reported by their median and range like the figures above.
+RATIO_KEYS = (
+    "adaptive_over_raw",
+    "p0_loaded_over_idle",
+    "adaptive_recomputed_share",
+    "adaptive_prefix_cache_hit_rate",
+    "window1_prefix_cache_hit_rate",
+)
 
 
-def median_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:
+def median_of(runs: Sequence[dict[str, Any]], key: str, digits: int = 2) -> float | None:
     values = [run[key] for run in runs if run[key] is not None]
-    return round(statistics.median(values), 2) if values else None
+    return round(statistics.median(values), digits) if values else None
+
+
+def range_of(runs: Sequence[dict[str, Any]], key: str) -> list[float] | None:
+    values = [run[key] for run in runs if run[key] is not None]
+    return [min(values), max(values)] if values else None
 
 
 async def measure(url: str, count: int, repeat: int) -> dict[str, Any]:
@@ -508,6 +563,8 @@ async def measure(url: str, count: int, repeat: int) -> dict[str, Any]:
         await measure_once(url, reviews, hotfix, line_budget, run) for run in range(1, repeat + 1)
     ]
     result: dict[str, Any] = {key: median_of(runs, key) for key in MEDIAN_KEYS}
+    result["median_of_runs"] = {key: median_of(runs, key, digits=3) for key in RATIO_KEYS}
+    result["range_of_runs"] = {key: range_of(runs, key) for key in MEDIAN_KEYS + RATIO_KEYS}
     result.update(
         runs=len(runs),
         reviews=len(reviews),
@@ -561,20 +618,36 @@ def render(result: dict[str, Any]) -> str:
         "",
         *drain_table(result["drains"], first_column="whole bot, run"),
         "",
-        "| median of the runs | tokens/s or s |",
+        "| median of the runs (range) | tokens/s, s or share |",
         "| --- | ---: |",
-        f"| raw server, best of the sweep | {result['raw_best_tokens_per_s']} |",
-        f"| the bot, window 1 | {result['window1_tokens_per_s']} |",
-        f"| the bot, adaptive window | {result['bot_tokens_per_s']} |",
-        f"| P0 turnaround, alone | {result['p0_idle_turnaround_s']} |",
-        f"| P0 turnaround, sent into the adaptive drain | {result['p0_loaded_turnaround_s']} |",
+        median_row(result, "raw server, best of the sweep", "raw_best_tokens_per_s"),
+        median_row(result, "the bot, window 1", "window1_tokens_per_s"),
+        median_row(result, "the bot, adaptive window", "bot_tokens_per_s"),
+        median_row(result, "P0 turnaround, alone", "p0_idle_turnaround_s"),
+        median_row(result, "P0 turnaround, sent into the adaptive drain", "p0_loaded_turnaround_s"),
+        median_row(result, "adaptive / raw best, each run", "adaptive_over_raw"),
+        median_row(result, "loaded P0 / idle P0, each run", "p0_loaded_over_idle"),
+        median_row(
+            result,
+            "adaptive drain: tokens recomputed / completion tokens",
+            "adaptive_recomputed_share",
+        ),
+        median_row(result, "adaptive drain: prefix cache hits", "adaptive_prefix_cache_hit_rate"),
+        median_row(result, "window-1 drain: prefix cache hits", "window1_prefix_cache_hit_rate"),
         "",
-        f"Adaptive: {result['adaptive_over_raw']}x the raw best (each run's best at "
+        f"Adaptive: {result['adaptive_over_raw']}x the median raw best (each run's best at "
         f"concurrency {', '.join(str(c) for c in result['raw_best_concurrency'])}), "
         f"{result['adaptive_over_window1']}x window 1; the loaded P0 "
-        f"{result.get('p0_loaded_over_idle')}x its turnaround alone.",
+        f"{result.get('p0_loaded_over_idle')}x the median idle turnaround.",
     ]
     return "\n".join(lines)
+
+
+def median_row(result: dict[str, Any], label: str, key: str) -> str:
+    median = result["median_of_runs"][key] if key in RATIO_KEYS else result[key]
+    spread = result["range_of_runs"].get(key)
+    shown = "-" if spread is None else f"{median} ({spread[0]}-{spread[1]})"
+    return f"| {label} | {shown} |"
 
 
 def main() -> int:
