@@ -4,15 +4,17 @@ Usage: python bench/engine_throughput.py [--url URL] [--reviews 40] [--repeat 3]
                                          [--out bench/results]
 
 Each run, against one CPU vLLM server (scripts/vllm_cpu.sh, started here unless --url):
-1. raw: the server's completion tokens/s over a concurrency sweep, sent straight to it with
-   the very requests the bot sends for these reviews (same system prompt, chunks, answer
-   format, through the bot's own review call), best of the sweep;
-2. bot: the same reviews through the whole bot (signed webhooks -> intake -> PostgreSQL ->
+1. bot: the reviews through the whole bot (signed webhooks -> intake -> PostgreSQL ->
    dispatcher -> openai backend -> CPU vLLM -> poster -> forge emulator; the dispatcher role
    started by bot.serve.run_role, as `bot serve` runs it), all arriving at once,
    with the engine's window fixed at 1, then adaptive; a P0 review (a change into a hotfix
    branch) is sent when half of the reviews are posted;
-3. the same P0 review alone on the idle server.
+2. the same P0 review alone on the idle server;
+3. raw: the server's completion tokens/s over a concurrency sweep, sent straight to it with
+   the very requests the bot sent in this run's window-1 drain (each chunk's first call: its
+   system prompt, pull request text, code context, diff and answer schema), best of the sweep.
+Chunks and the code context's allowance are sized to the served model as `bot serve` sizes
+them (served_budget).
 Each drain also reports the answer tokens its P0 room threw away by taking calls back (their
 share of the drain's completion tokens) and the share of prompt tokens vLLM served from its
 prefix cache, read from the server's /metrics before and after the drain.
@@ -58,9 +60,11 @@ from bot.config import (  # noqa: E402
 )
 from bot.demo import SECRET, TOKEN, demo_files, load_demo_trace, send_request  # noqa: E402
 from bot.emulator import EmulatorState, ForgeEmulator  # noqa: E402
-from bot.engine_setup import ServedBudget, served_line_budget  # noqa: E402
+from bot.engine_setup import ServedBudget, served_budget  # noqa: E402
+from bot.errors import LLMRequestRejected  # noqa: E402
 from bot.forges.base import RetryPolicy  # noqa: E402
 from bot.forges.registry import ForgeOptions, build_forges  # noqa: E402
+from bot.llm.base import LLMRequest, LLMResponse  # noqa: E402
 from bot.llm.openai_compat import OpenAICompatBackend  # noqa: E402
 from bot.llm.vllm_metrics import (  # noqa: E402
     EngineMetrics,
@@ -135,9 +139,29 @@ def settings_for(url: str, database_url: str = "") -> Settings:
     )
 
 
-def backend_for(url: str) -> OpenAICompatBackend:
+class RecordingBackend(OpenAICompatBackend):
+    """The openai backend, keeping each request the server answered (for the raw sweep) and
+    counting those it refused (a prompt over the model's context is refused at once)."""
+
+    def __init__(self, url: str, sent: list[LLMRequest] | None) -> None:
+        super().__init__([url], model=MODEL, timeout_s=900.0, response_format="json_schema")
+        self.sent = sent
+        self.refused = 0
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        try:
+            response = await super().complete(request)
+        except LLMRequestRejected:
+            self.refused += 1
+            raise
+        if self.sent is not None:
+            self.sent.append(request)
+        return response
+
+
+def backend_for(url: str, sent: list[LLMRequest] | None = None) -> RecordingBackend:
     """The openai backend as `bot serve` builds it for this server."""
-    return OpenAICompatBackend([url], model=MODEL, timeout_s=900.0, response_format="json_schema")
+    return RecordingBackend(url, sent)
 
 
 def workload(count: int) -> tuple[list[TraceRequest], TraceRequest]:
@@ -195,27 +219,35 @@ async def cold_cache(url: str, warm: TraceRequest, line_budget: int) -> None:
 # --- 1. the raw server ----------------------------------------------------------------------
 
 
+def first_calls(sent: Sequence[LLMRequest]) -> list[LLMRequest]:
+    """Each lower-level chunk's first call as the bot sent it (a call taken back or retried
+    goes again; the P0 is not part of the drain), at one priority, as the raw calls are."""
+    seen: set[Any] = set()
+    calls = []
+    for request in sent:
+        chunk = request.metadata.get("chunk_id")
+        if request.priority == 0 or chunk in seen:
+            continue
+        seen.add(chunk)
+        calls.append(dataclasses.replace(request, priority=1, metadata={}))
+    return calls
+
+
 async def raw_sweep(
-    url: str, requests: Sequence[TraceRequest], line_budget: int
+    url: str, calls: Sequence[LLMRequest], warm: TraceRequest, line_budget: int
 ) -> list[dict[str, Any]]:
-    """Completion tokens/s at each concurrency, the bot's own review calls straight to vLLM."""
-    chunks = []
-    for request in requests:
-        planned = plan_chunks(
-            demo_files(request), line_budget=line_budget, skip=classify_skipped_file
-        )
-        chunks += [chunk.files for chunk in planned.chunks]
+    """Completion tokens/s at each concurrency, the bot's own requests straight to vLLM."""
     rows = []
     backend = backend_for(url)
     try:
         # warm-up, not counted
-        await review_chunk(backend, chunks[0], level=1, max_tokens=ANSWER_TOKENS)
+        await backend.complete(calls[0])
         for concurrency in SWEEP:
             count = max(8, 2 * concurrency)
-            todo = [chunks[i % len(chunks)] for i in range(count)]
+            todo = [calls[i % len(calls)] for i in range(count)]
             # The same cache state as each drain: an earlier point's prompts found cached
             # would spare this one its prefill, which the bot's drains never are.
-            await cold_cache(url, requests[-1], line_budget)
+            await cold_cache(url, warm, line_budget)
             rows.append(await sweep_point(backend, todo, concurrency))
             print(f"raw c={concurrency}: {rows[-1]['tokens_per_s']} tokens/s", file=sys.stderr)
     finally:
@@ -224,9 +256,9 @@ async def raw_sweep(
 
 
 async def sweep_point(
-    backend: OpenAICompatBackend, todo: list[Any], concurrency: int
+    backend: OpenAICompatBackend, todo: list[LLMRequest], concurrency: int
 ) -> dict[str, Any]:
-    """Review the chunks in `todo` with `concurrency` calls in flight; tokens/s of the lot."""
+    """Send the calls in `todo` with `concurrency` in flight; tokens/s of the lot."""
     count = len(todo)
     tokens = 0
     latencies: list[float] = []
@@ -234,9 +266,9 @@ async def sweep_point(
     async def worker() -> None:
         nonlocal tokens
         while todo:
-            review = await review_chunk(backend, todo.pop(), level=1, max_tokens=ANSWER_TOKENS)
-            tokens += review.usage.completion_tokens
-            latencies.append(review.usage.latency_s)
+            response = await backend.complete(todo.pop())
+            tokens += response.completion_tokens
+            latencies.append(response.latency_s)
 
     started = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -270,6 +302,7 @@ class Drain:
     recomputed_tokens: int  # answer tokens the taken-back calls had streamed, thrown away
     recomputed_share: float  # of the drain's completion tokens
     prefix_cache_hit_rate: float | None  # prompt tokens served from vLLM's prefix cache
+    refused: int  # calls the server refused (their chunks not reviewed)
 
 
 async def scrape(url: str) -> EngineMetrics | None:
@@ -283,10 +316,12 @@ async def drain_through_bot(
     hotfix: TraceRequest | None,
     *,
     window: WindowSettings,
-    line_budget: int,
+    budget: ServedBudget,
     mode: str,
+    sent: list[LLMRequest] | None = None,
 ) -> Drain:
-    """Send every review's webhook at once, the hotfix when half are posted; wait for all."""
+    """Send every review's webhook at once, the hotfix when half are posted; wait for all.
+    The requests the bot sends go into `sent` when given."""
     before = await scrape(url)
     async with fresh_database(DATABASE_URL) as database_url:
         settings = settings_for(url, database_url).with_changes(
@@ -295,7 +330,7 @@ async def drain_through_bot(
         )
         store = open_store(settings, pool_size=20)
         policies = load_policy_book(settings.review.policy_dir)
-        backend = backend_for(url)
+        backend = backend_for(url, sent)
         clock = SystemClock()
         async with ForgeEmulator(EmulatorState()) as emulator:
             settings = settings.with_changes(
@@ -325,7 +360,7 @@ async def drain_through_bot(
                     DispatcherSettings.from_scheduler(settings.scheduler, owner=f"bench-{mode}"),
                     maintenance_s=5.0,
                 ),
-                budget=ServedBudget(line_budget, settings.review.context_tokens),
+                budget=budget,
             ) as running:
                 pool = running.dispatcher.engines if running.dispatcher is not None else None
                 for request in reviews:
@@ -405,7 +440,19 @@ async def drain_through_bot(
         recomputed_tokens=recomputed,
         recomputed_share=round(recomputed / tokens, 4) if tokens else 0.0,
         prefix_cache_hit_rate=None if hit_rate is None else round(hit_rate, 3),
+        refused=backend.refused,
     )
+
+
+async def budget_for(url: str, reviews: int) -> ServedBudget:
+    """Chunk lines and code context tokens as `bot serve` sizes them for this server."""
+    budget = await served_budget(settings_for(url))
+    print(
+        f"{reviews} reviews, chunks of up to {budget.line_budget} lines and "
+        f"{budget.context_tokens} tokens of pull request text and code context",
+        file=sys.stderr,
+    )
+    return budget
 
 
 async def measure_p0(url: str, count: int) -> dict[str, Any]:
@@ -414,22 +461,21 @@ async def measure_p0(url: str, count: int) -> dict[str, Any]:
     For a machine too slow for the whole run; the throughput columns need the full one.
     """
     reviews, hotfix = workload(count)
-    line_budget = await served_line_budget(settings_for(url))
-    print(f"{len(reviews)} reviews, chunks of up to {line_budget} lines", file=sys.stderr)
+    budget = await budget_for(url, len(reviews))
+    line_budget = budget.line_budget
     await cold_cache(url, reviews[-1], line_budget)
     loaded = await drain_through_bot(
-        url, reviews, hotfix, window=ADAPTIVE, line_budget=line_budget, mode="adaptive"
+        url, reviews, hotfix, window=ADAPTIVE, budget=budget, mode="adaptive"
     )
     print(f"P0 loaded: {loaded.p0_turnaround_s} s", file=sys.stderr)
     await cold_cache(url, reviews[-1], line_budget)
-    idle = await drain_through_bot(
-        url, [], hotfix, window=ADAPTIVE, line_budget=line_budget, mode="p0-idle"
-    )
+    idle = await drain_through_bot(url, [], hotfix, window=ADAPTIVE, budget=budget, mode="p0-idle")
     result: dict[str, Any] = {
         "p0_idle_turnaround_s": idle.p0_turnaround_s,
         "p0_loaded_turnaround_s": loaded.p0_turnaround_s,
         "reviews": len(reviews),
         "line_budget": line_budget,
+        "context_tokens": budget.context_tokens,
         "answer_tokens": ANSWER_TOKENS,
         "drains": [dataclasses.asdict(d) for d in (loaded, idle)],
     }
@@ -446,8 +492,8 @@ def drain_table(drains: Sequence[dict[str, Any]], *, first_column: str) -> list[
     """The drains' rows under their header, as both reports print them."""
     lines = [
         f"| {first_column} | chunks | completion tokens/s | P0 turnaround s | taken back "
-        "| tokens recomputed | prefix cache hits | windows |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| tokens recomputed | prefix cache hits | calls refused | windows |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for drain in drains:
         sizes = " ".join(str(size) for _, size in drain["windows"][:12])
@@ -456,7 +502,7 @@ def drain_table(drains: Sequence[dict[str, Any]], *, first_column: str) -> list[
             f"| {drain['mode']} | {drain['chunks']} | {drain['tokens_per_s']} "
             f"| {drain['p0_turnaround_s']} | {drain['taken_back']} "
             f"| {drain['recomputed_tokens']} ({percent(drain['recomputed_share'])}) "
-            f"| {'-' if hits is None else percent(hits)} | {sizes} |"
+            f"| {'-' if hits is None else percent(hits)} | {drain['refused']} | {sizes} |"
         )
     return lines
 
@@ -480,10 +526,12 @@ def render_p0(result: dict[str, Any]) -> str:
 
 
 async def measure_once(
-    url: str, reviews: Sequence[TraceRequest], hotfix: TraceRequest, line_budget: int, run: int
+    url: str, reviews: Sequence[TraceRequest], hotfix: TraceRequest, budget: ServedBudget, run: int
 ) -> dict[str, Any]:
-    """One run: the raw sweep, then window 1, adaptive and the idle P0 through the bot."""
-    raw = await raw_sweep(url, reviews, line_budget)
+    """One run: window 1, adaptive and the idle P0 through the bot, then the raw sweep of the
+    window-1 drain's requests."""
+    line_budget = budget.line_budget
+    sent: list[LLMRequest] = []
     drains = []
     for mode, window, todo in (
         ("window-1", WindowSettings(floor=1, ceiling=1, initial=1), reviews),
@@ -492,7 +540,13 @@ async def measure_once(
     ):
         await cold_cache(url, reviews[-1], line_budget)
         drain = await drain_through_bot(
-            url, todo, hotfix, window=window, line_budget=line_budget, mode=mode
+            url,
+            todo,
+            hotfix,
+            window=window,
+            budget=budget,
+            mode=mode,
+            sent=sent if mode == "window-1" else None,
         )
         drains.append(dataclasses.replace(drain, mode=f"{mode} #{run}"))
         print(
@@ -501,6 +555,7 @@ async def measure_once(
             file=sys.stderr,
         )
     window1, adaptive, idle = drains
+    raw = await raw_sweep(url, first_calls(sent), reviews[-1], line_budget)
     best = max(raw, key=lambda row: row["tokens_per_s"])
     loaded_over_idle = (
         round(adaptive.p0_turnaround_s / idle.p0_turnaround_s, 3)
@@ -557,18 +612,16 @@ async def measure(url: str, count: int, repeat: int) -> dict[str, Any]:
     """`repeat` runs one after another (each its own raw sweep and drains, side by side in
     time), reported by their medians."""
     reviews, hotfix = workload(count)
-    line_budget = await served_line_budget(settings_for(url))
-    print(f"{len(reviews)} reviews, chunks of up to {line_budget} lines", file=sys.stderr)
-    runs = [
-        await measure_once(url, reviews, hotfix, line_budget, run) for run in range(1, repeat + 1)
-    ]
+    budget = await budget_for(url, len(reviews))
+    runs = [await measure_once(url, reviews, hotfix, budget, run) for run in range(1, repeat + 1)]
     result: dict[str, Any] = {key: median_of(runs, key) for key in MEDIAN_KEYS}
     result["median_of_runs"] = {key: median_of(runs, key, digits=3) for key in RATIO_KEYS}
     result["range_of_runs"] = {key: range_of(runs, key) for key in MEDIAN_KEYS + RATIO_KEYS}
     result.update(
         runs=len(runs),
         reviews=len(reviews),
-        line_budget=line_budget,
+        line_budget=budget.line_budget,
+        context_tokens=budget.context_tokens,
         answer_tokens=ANSWER_TOKENS,
         # Each concurrency's median tokens/s over the runs.
         raw_sweep=[
@@ -602,9 +655,11 @@ def render(result: dict[str, Any]) -> str:
         "### Engine throughput on the CPU vLLM (`make bench-engine`)",
         "",
         f"SmolLM2-135M on vllm-cpu 0.32 (`--max-num-seqs {MAX_NUM_SEQS}`), {result['reviews']} "
-        f"small reviews plus one P0, chunks of up to {result['line_budget']} lines, "
-        f"{ANSWER_TOKENS} answer tokens a chunk at most; {runs} run(s), each a raw sweep and "
-        "its drains one after another, medians below.",
+        f"small reviews plus one P0, chunks of up to {result['line_budget']} lines and "
+        f"{result['context_tokens']} tokens of pull request text and code context, "
+        f"{ANSWER_TOKENS} answer tokens a chunk at most; {runs} run(s), each its drains and "
+        "then a raw sweep of the very requests its window-1 drain sent, "
+        "medians below.",
         "",
         "| concurrency (raw server) | calls | completion tokens/s | mean latency s |",
         "| ---: | ---: | ---: | ---: |",
