@@ -11,7 +11,7 @@ Each run, against one CPU vLLM server (scripts/vllm_cpu.sh, started here unless 
    branch) is sent when half of the reviews are posted;
 2. the same P0 review alone on the idle server;
 3. raw: the server's completion tokens/s over a concurrency sweep, sent straight to it with
-   the very requests the bot sent in this run's window-1 drain (each chunk's first call: its
+   the very requests the bot sent in this run's first drain (each chunk's first call: its
    system prompt, pull request text, code context, diff and answer schema), best of the sweep.
 Chunks and the code context's allowance are sized to the served model as `bot serve` sizes
 them (served_budget).
@@ -38,7 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,10 +182,17 @@ def workload(count: int) -> tuple[list[TraceRequest], TraceRequest]:
         dataclasses.replace(r, labels=(), author_is_bot=False, depends_on=())
         for r in requests[:count]
     ]
+    # A hotfix is a small change: the smallest of the next ten. (The demo's diff lines run
+    # long, about 50 tokens each; a 40-line one plus its code context outgrows SmolLM2's 4,096
+    # tokens, and the server refuses it outright.)
+    urgent = min(
+        requests[count : count + 10],
+        key=lambda r: sum(f.additions + f.deletions for f in demo_files(r)),
+    )
     hotfix = dataclasses.replace(
-        requests[count],
+        urgent,
         id="hotfix",
-        number=requests[count].number + 50_000,
+        number=urgent.number + 50_000,
         base_ref="hotfix/2026-12",
         head_ref="fix/urgent",
         labels=(),
@@ -526,18 +533,27 @@ def render_p0(result: dict[str, Any]) -> str:
 
 
 async def measure_once(
-    url: str, reviews: Sequence[TraceRequest], hotfix: TraceRequest, budget: ServedBudget, run: int
+    url: str,
+    reviews: Sequence[TraceRequest],
+    hotfix: TraceRequest,
+    budget: ServedBudget,
+    run: int,
+    *,
+    window1: bool = True,
 ) -> dict[str, Any]:
-    """One run: window 1, adaptive and the idle P0 through the bot, then the raw sweep of the
-    window-1 drain's requests."""
+    """One run: window 1 (unless not wanted), adaptive and the idle P0 through the bot, then
+    the raw sweep of the first drain's requests."""
     line_budget = budget.line_budget
     sent: list[LLMRequest] = []
-    drains = []
-    for mode, window, todo in (
+    modes = [
         ("window-1", WindowSettings(floor=1, ceiling=1, initial=1), reviews),
         ("adaptive", ADAPTIVE, reviews),
         ("p0-idle", ADAPTIVE, []),
-    ):
+    ]
+    if not window1:
+        modes = modes[1:]
+    drains = []
+    for mode, window, todo in modes:
         await cold_cache(url, reviews[-1], line_budget)
         drain = await drain_through_bot(
             url,
@@ -546,15 +562,19 @@ async def measure_once(
             window=window,
             budget=budget,
             mode=mode,
-            sent=sent if mode == "window-1" else None,
+            sent=sent if mode == modes[0][0] else None,
         )
         drains.append(dataclasses.replace(drain, mode=f"{mode} #{run}"))
         print(
             f"run {run} {mode}: {drain.tokens_per_s} tokens/s, P0 {drain.p0_turnaround_s} s, "
-            f"windows {[size for _, size in drain.windows]}, moves {drain.window_reasons}",
+            f"windows {[size for _, size in drain.windows]}, moves {drain.window_reasons}, "
+            f"taken back {drain.taken_back}, recomputed {drain.recomputed_tokens} "
+            f"({drain.recomputed_share}), prefix cache hits {drain.prefix_cache_hit_rate}, "
+            f"refused {drain.refused}",
             file=sys.stderr,
         )
-    window1, adaptive, idle = drains
+    adaptive, idle = drains[-2:]
+    first = drains[0] if window1 else None
     raw = await raw_sweep(url, first_calls(sent), reviews[-1], line_budget)
     best = max(raw, key=lambda row: row["tokens_per_s"])
     loaded_over_idle = (
@@ -567,14 +587,14 @@ async def measure_once(
         "p0_loaded_over_idle": loaded_over_idle,
         "adaptive_recomputed_share": adaptive.recomputed_share,
         "adaptive_prefix_cache_hit_rate": adaptive.prefix_cache_hit_rate,
-        "window1_prefix_cache_hit_rate": window1.prefix_cache_hit_rate,
+        "window1_prefix_cache_hit_rate": first.prefix_cache_hit_rate if first else None,
         "raw_best_tokens_per_s": best["tokens_per_s"],
         "raw_best_concurrency": best["concurrency"],
-        "window1_tokens_per_s": window1.tokens_per_s,
+        "window1_tokens_per_s": first.tokens_per_s if first else None,
         "bot_tokens_per_s": adaptive.tokens_per_s,
         "p0_idle_turnaround_s": idle.p0_turnaround_s,
         "p0_loaded_turnaround_s": adaptive.p0_turnaround_s,
-        "p0_loaded_window1_turnaround_s": window1.p0_turnaround_s,
+        "p0_loaded_window1_turnaround_s": first.p0_turnaround_s if first else None,
         "raw_sweep": raw,
         "drains": [dataclasses.asdict(d) for d in drains],
     }
@@ -608,12 +628,29 @@ def range_of(runs: Sequence[dict[str, Any]], key: str) -> list[float] | None:
     return [min(values), max(values)] if values else None
 
 
-async def measure(url: str, count: int, repeat: int) -> dict[str, Any]:
+async def measure(
+    url: str,
+    count: int,
+    repeat: int,
+    *,
+    window1: bool = True,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """`repeat` runs one after another (each its own raw sweep and drains, side by side in
-    time), reported by their medians."""
+    time), reported by their medians; `on_run` gets the summary of the runs so far after each."""
     reviews, hotfix = workload(count)
     budget = await budget_for(url, len(reviews))
-    runs = [await measure_once(url, reviews, hotfix, budget, run) for run in range(1, repeat + 1)]
+    runs: list[dict[str, Any]] = []
+    for run in range(1, repeat + 1):
+        runs.append(await measure_once(url, reviews, hotfix, budget, run, window1=window1))
+        if on_run is not None:
+            on_run(summarize(runs, reviews, budget))
+    return summarize(runs, reviews, budget)
+
+
+def summarize(
+    runs: Sequence[dict[str, Any]], reviews: Sequence[TraceRequest], budget: ServedBudget
+) -> dict[str, Any]:
     result: dict[str, Any] = {key: median_of(runs, key) for key in MEDIAN_KEYS}
     result["median_of_runs"] = {key: median_of(runs, key, digits=3) for key in RATIO_KEYS}
     result["range_of_runs"] = {key: range_of(runs, key) for key in MEDIAN_KEYS + RATIO_KEYS}
@@ -639,8 +676,9 @@ async def measure(url: str, count: int, repeat: int) -> dict[str, Any]:
     )
     best = result["raw_best_tokens_per_s"]
     result["adaptive_over_raw"] = round(result["bot_tokens_per_s"] / best, 3)
-    result["adaptive_over_window1"] = round(
-        result["bot_tokens_per_s"] / max(0.1, result["window1_tokens_per_s"]), 2
+    window1 = result["window1_tokens_per_s"]
+    result["adaptive_over_window1"] = (
+        round(result["bot_tokens_per_s"] / max(0.1, window1), 2) if window1 else None
     )
     if result["p0_idle_turnaround_s"] and result["p0_loaded_turnaround_s"]:
         result["p0_loaded_over_idle"] = round(
@@ -658,7 +696,7 @@ def render(result: dict[str, Any]) -> str:
         f"small reviews plus one P0, chunks of up to {result['line_budget']} lines and "
         f"{result['context_tokens']} tokens of pull request text and code context, "
         f"{ANSWER_TOKENS} answer tokens a chunk at most; {runs} run(s), each its drains and "
-        "then a raw sweep of the very requests its window-1 drain sent, "
+        "then a raw sweep of the very requests its first drain sent, "
         "medians below.",
         "",
         "| concurrency (raw server) | calls | completion tokens/s | mean latency s |",
@@ -692,7 +730,12 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"Adaptive: {result['adaptive_over_raw']}x the median raw best (each run's best at "
         f"concurrency {', '.join(str(c) for c in result['raw_best_concurrency'])}), "
-        f"{result['adaptive_over_window1']}x window 1; the loaded P0 "
+        + (
+            f"{result['adaptive_over_window1']}x window 1; "
+            if result["adaptive_over_window1"]
+            else ""
+        )
+        + "the loaded P0 "
         f"{result.get('p0_loaded_over_idle')}x the median idle turnaround.",
     ]
     return "\n".join(lines)
@@ -730,8 +773,23 @@ def main() -> int:
         action="store_true",
         help="only the P0 part (engine_p0.json / .md): a P0 sent into an adaptive drain, and alone",
     )
+    parser.add_argument(
+        "--without-window-1",
+        action="store_true",
+        help="no drain with the window fixed at 1 (the longest part of a run; the raw sweep "
+        "then replays the adaptive drain's requests)",
+    )
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def write(result: dict[str, Any]) -> None:
+        name = "engine_p0" if args.p0_only else "engine"
+        (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        text = render_p0(result) if args.p0_only else render(result)
+        (out / f"{name}.md").write_text(text + "\n")
+
     # The drains' P1 reviews wait past their alert threshold by design: keep the log to errors.
     logging.getLogger("bot").setLevel(logging.ERROR)
     # One run uses one answer budget and one sweep throughout: set them before anything runs.
@@ -742,14 +800,18 @@ def main() -> int:
         if args.p0_only:
             result = asyncio.run(measure_p0(url, args.reviews))
         else:
-            result = asyncio.run(measure(url, args.reviews, args.repeat))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "engine_p0" if args.p0_only else "engine"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = render_p0(result) if args.p0_only else render(result)
-    (out / f"{name}.md").write_text(text + "\n")
-    print(text)
+            # Each finished run is written at once: a run stopped later keeps the earlier ones.
+            result = asyncio.run(
+                measure(
+                    url,
+                    args.reviews,
+                    args.repeat,
+                    window1=not args.without_window_1,
+                    on_run=write,
+                )
+            )
+    write(result)
+    print(render_p0(result) if args.p0_only else render(result))
     return 0
 
 
