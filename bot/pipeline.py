@@ -59,7 +59,14 @@ def build_pipeline(
     """
     planned = PlanningSettings.for_policy(dispatcher.policy, planning)
     reviews = ReviewPipeline(
-        store, forges, policies, planning=planned, posting=posting, metrics=metrics, quiet=quiet
+        store,
+        forges,
+        policies,
+        planning=planned,
+        posting=posting,
+        metrics=metrics,
+        quiet=quiet,
+        clock=clock,
     )
     running = Dispatcher(
         store,

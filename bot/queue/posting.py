@@ -45,14 +45,32 @@ class PostingClaims(StorePart):
             ).first()
         return None if row is None else Fence("posting", owner, int(row.posting_attempt))
 
-    async def holds_posting(self, job_id: int, fence: Fence) -> bool:
+    async def holds_posting(
+        self,
+        job_id: int,
+        fence: Fence,
+        *,
+        now: datetime | None = None,
+        lease_s: float | None = None,
+    ) -> bool:
         """Whether the posting attempt `fence` still holds the job's claim (checked before
-        every forge write that follows from it)."""
-        async with self.connector.transaction() as conn:
+        every forge write that follows from it).
+
+        With `now`, a claim that ran out is not held, and a held one is extended by `lease_s`
+        from `now`: the write that follows cannot overlap another poster's attempt.
+        """
+        until = None if now is None or lease_s is None else now + timedelta(seconds=lease_s)
+        async with self.connector.single_statement() as conn:
             row = (
                 await conn.execute(
                     posting_sql.POSTING_HELD,
-                    {"job_id": job_id, "owner": fence.owner, "attempt": fence.attempt},
+                    {
+                        "job_id": job_id,
+                        "owner": fence.owner,
+                        "attempt": fence.attempt,
+                        "now": now,
+                        "until": until,
+                    },
                 )
             ).first()
         return row is not None
@@ -70,6 +88,7 @@ class PostingClaims(StorePart):
                     {
                         "job_ids": list(job_ids),
                         "owner": owner,
+                        "now": now,
                         "until": now + timedelta(seconds=lease_s),
                     },
                 )

@@ -42,7 +42,10 @@ class ReviewPipeline:
         plan_limit: int = 20,
         metrics: Metrics | None = None,
         quiet: QuietPosting | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        # Posting claims run out on this clock: a post checks it before each forge write.
+        self.clock = clock
         self.metrics = metrics
         self.quiet = quiet
         # Quiet reviews cover what changed since the last reviewed head.
@@ -109,10 +112,21 @@ class ReviewPipeline:
         try:
             if self.quiet is None:
                 return await post_job_review(
-                    self.store, self.forges, job_id, now=now, settings=self.posting
+                    self.store,
+                    self.forges,
+                    job_id,
+                    now=now,
+                    settings=self.posting,
+                    clock=self.clock,
                 )
             return await post_quiet_review(
-                self.store, self.quiet, self.forges, job_id, now=now, settings=self.posting
+                self.store,
+                self.quiet,
+                self.forges,
+                job_id,
+                now=now,
+                settings=self.posting,
+                clock=self.clock,
             )
         finally:
             left = self._posting.pop(job_id) - 1

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 from bot.budget.intent import WriteIntent, writing
+from bot.clock import Clock
 from bot.errors import ForgeError, ForgeNotFound, LeaseLost
 from bot.forges.base import (
     ForgeClient,
@@ -167,6 +168,19 @@ class PostingClaim:
     fence: Fence
 
 
+def posting_guard(
+    store: QueueStore, job_id: int, fence: Fence, *, settings: PostingSettings, clock: Clock | None
+) -> Callable[[], Awaitable[bool]]:
+    """The check made right before each forge write of a post: this attempt still holds the
+    claim and (on `clock`) the claim has not run out; each check extends it by a lease."""
+
+    async def held() -> bool:
+        now = None if clock is None else clock.now()
+        return await store.holds_posting(job_id, fence, now=now, lease_s=settings.lease_s)
+
+    return held
+
+
 async def claim_finished_job(
     store: QueueStore,
     forges: Mapping[str, ForgeClient],
@@ -232,8 +246,11 @@ async def post_job_review(
     *,
     now: datetime,
     settings: PostingSettings | None = None,
+    clock: Clock | None = None,
 ) -> PostingOutcome:
     """Post a finished job's review once, then end the job; forge errors never drop it silently.
+
+    With `clock`, a forge write goes out only while the posting claim has not run out on it.
 
     404: cancelled with the reason. Retryable (5xx, 403/429 limits, network): the job stays
     unposted with a retry time, `failed` after `max_attempts`. Other 4xx: failed with the error.
@@ -243,6 +260,7 @@ async def post_job_review(
     if isinstance(claim, PostingOutcome):
         return claim
     job, client, fence = claim.job, claim.client, claim.fence
+    held = posting_guard(store, job.id, fence, settings=settings, clock=clock)
     context = {"job_id": job.id, "forge": job.forge}
     assembled: AssembledReview | None = None
     client.use_installation(job.repo, job.request.get("installation_id"))
@@ -270,12 +288,12 @@ async def post_job_review(
             job, await store.chunk_results(job.id), max_comments=settings.max_comments
         )
         # The forge write only while this attempt still holds the claim (and the job is live).
-        if not await store.holds_posting(job.id, fence):
+        if not await held():
             return lease_lost(job.id, fence, forge=job.forge)
         # ... and again right before each request goes out (after the forge's pacing); the
         # write spends from the forge's budget at the job's level.
         with (
-            guarded_writes(lambda: store.holds_posting(job.id, fence)),
+            guarded_writes(held),
             writing(WriteIntent(level=int(job.level), job_id=job.id)),
         ):
             posted = await client.post_review(job.repo, job.number, review)
@@ -324,8 +342,10 @@ __all__ = [
     "PostingOutcome",
     "PostingSettings",
     "build_review",
+    "claim_finished_job",
     "lease_lost",
     "post_job_review",
+    "posting_guard",
     "render_comment",
     "review_chunk_of",
     "review_record",

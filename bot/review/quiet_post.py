@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.budget.intent import WriteIntent, writing
+from bot.clock import Clock
 from bot.config import Settings
 from bot.errors import ForgeError, LeaseLost
 from bot.forges.base import ForgeClient, ReviewToPost, append_marker, guarded_writes
@@ -37,6 +38,7 @@ from bot.review.poster import (
     claim_finished_job,
     lease_lost,
     posting_failed,
+    posting_guard,
     render_comment,
     review_chunk_of,
 )
@@ -249,8 +251,12 @@ async def post_quiet_review(
     *,
     now: datetime,
     settings: PostingSettings | None = None,
+    clock: Clock | None = None,
 ) -> PostingOutcome:
-    """Post a finished job's review quietly, then end the job; forge errors as posting does."""
+    """Post a finished job's review quietly, then end the job; forge errors as posting does.
+
+    With `clock`, a forge write goes out only while the posting claim has not run out on it.
+    """
     settings = settings or PostingSettings()
     claim = await claim_finished_job(
         store,
@@ -265,15 +271,18 @@ async def post_quiet_review(
     job, client, fence = claim.job, claim.client, claim.fence
     quiet = quiet_forge_for(client)
     assert quiet is not None  # can_post said so
+    held = posting_guard(store, job.id, fence, settings=settings, clock=clock)
     context = {"job_id": job.id, "forge": job.forge}
     try:
         # Every forge call of the post asks right before it goes out whether the claim holds,
         # and spends from the forge's budget at the job's level.
         with (
-            guarded_writes(lambda: store.holds_posting(job.id, fence)),
+            guarded_writes(held),
             writing(WriteIntent(level=int(job.level), job_id=job.id)),
         ):
-            record = await _post(store, posting, client, quiet, job, now=now, fence=fence)
+            record = await _post(
+                store, posting, client, quiet, job, now=now, fence=fence, held=held
+            )
     except (LeaseLost, ForgeError) as exc:
         return await posting_failed(store, claim, exc, now=now, settings=settings)
     if not await store.finish_job(job.id, now=now, state=JobState.DONE, review=record, fence=fence):
@@ -299,12 +308,11 @@ async def _post(
     *,
     now: datetime,
     fence: Fence,
+    held: Callable[[], Awaitable[bool]],
 ) -> dict[str, Any]:
     """Write the review on the forge and record its findings; every write (forge or database)
-    only while `fence` holds the job's posting claim, else LeaseLost."""
-
-    async def still_held() -> bool:
-        return await store.holds_posting(job.id, fence)
+    only while `held` says `fence` holds the job's posting claim, else LeaseLost."""
+    still_held = held
 
     async def check() -> None:
         if not await still_held():

@@ -287,3 +287,64 @@ async def test_a_poster_resuming_after_a_takeover_posts_and_records_nothing(
     assert job is not None and job.state == JobState.DONE
     history = [entry for entry in await store.job_history(job_id) if entry.to_value == "done"]
     assert len(history) == 1
+
+
+async def test_a_poster_resuming_after_its_claim_ran_out_writes_nothing_even_before_a_takeover(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+) -> None:
+    pull = emulator.state.add_pull("github", "acme/shop", 12, files=[SMELLY])
+    job_id = await reviewed_job(store, forges, book, clock, pull)
+    # Paused on its look for an earlier review, past its lease; nobody has taken over yet, so
+    # only the claim's expiry can stop it (another poster may claim it any moment now).
+    route = "github.reviews.list"
+    emulator.state.add_fault(route, Fault.late_answer(1.0))
+    stale_settings = PostingSettings(lease_s=LEASE_S, owner="stale")
+    stale = asyncio.create_task(
+        post_job_review(
+            store, forges, job_id, now=clock.now(), settings=stale_settings, clock=clock
+        )
+    )
+
+    async def hanging() -> bool:
+        return not emulator.state.faults[route]
+
+    await wait_until(hanging, timeout_s=10, what="the stale poster to reach the forge")
+    clock.advance(LEASE_S + 1)
+    assert (await stale).result == "lease_lost"
+    assert reviews_of(emulator, pull) == []
+    # Its heartbeat does not revive the claim that ran out ...
+    assert not await store.renew_posting_claims(
+        [job_id], owner="stale", now=clock.now(), lease_s=LEASE_S
+    )
+    # ... and the next attempt posts the review, once.
+    survivor = ReviewPipeline(
+        store, forges, book, posting=PostingSettings(lease_s=LEASE_S, owner="survivor"), clock=clock
+    )
+    outcomes = await survivor.recover(clock.now())
+    assert [(o.job_id, o.result) for o in outcomes] == [(job_id, "posted")]
+    assert len(reviews_of(emulator, pull)) == 1
+
+
+async def test_each_check_before_a_forge_write_extends_the_posting_claim_by_a_lease(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    book: PolicyBook,
+    clock: VirtualClock,
+) -> None:
+    pull = emulator.state.add_pull("github", "acme/shop", 13, files=[SMELLY])
+    job_id = await reviewed_job(store, forges, book, clock, pull)
+    fence = await store.claim_posting(job_id, owner="a", now=clock.now(), lease_s=LEASE_S)
+    assert fence is not None
+    clock.advance(LEASE_S * 0.9)
+    assert await store.holds_posting(job_id, fence, now=clock.now(), lease_s=LEASE_S)
+    # The write that follows the check has a whole lease: nobody may claim the job in it.
+    clock.advance(LEASE_S * 0.9)
+    assert not await store.claim_posting(job_id, owner="b", now=clock.now(), lease_s=LEASE_S)
+    clock.advance(LEASE_S * 0.2)
+    assert not await store.holds_posting(job_id, fence, now=clock.now(), lease_s=LEASE_S)
+    assert await store.claim_posting(job_id, owner="b", now=clock.now(), lease_s=LEASE_S)

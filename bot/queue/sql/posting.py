@@ -33,24 +33,32 @@ CLAIM_POSTING = statement(
     """
 )
 
-# Whether a posting attempt still holds its claim (checked before each forge write).
+# Whether a posting attempt still holds its claim, checked right before each forge write;
+# with :now, the claim must also not have run out (a process that resumes from a pause past
+# its lease holds nothing, even before another poster takes the job over), and it is
+# extended to :until, so the write that follows has a whole lease before anyone may take over.
 POSTING_HELD = statement(
     """
-    SELECT 1 FROM review_jobs
+    UPDATE review_jobs
+    SET posting_until = CASE WHEN CAST(:until AS timestamptz) IS NULL THEN posting_until
+                             ELSE GREATEST(posting_until, :until) END
     WHERE id = :job_id AND state = 'running'
       AND posting_by = :owner AND posting_attempt = :attempt
-    FOR SHARE
+      AND (CAST(:now AS timestamptz) IS NULL OR posting_until > :now)
+    RETURNING id
     """
 )
 
 # Renew the posting claims `owner` still holds (its heartbeat): a live poster keeps its jobs
-# however slow the forge is, a dead one loses them when the claim runs out.
+# however slow the forge is, a dead one loses them when the claim runs out. A claim that ran
+# out is not revived (its holder was paused past it): the recovery pass claims it again, as a
+# new attempt that looks for what the old one may have posted.
 RENEW_POSTING_CLAIMS = statement(
     """
     UPDATE review_jobs
     SET posting_until = :until
     WHERE id = ANY(CAST(:job_ids AS bigint[])) AND state = 'running'
-      AND posting_by = :owner
+      AND posting_by = :owner AND posting_until > :now
     RETURNING id
     """
 )
