@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from bot.diff import changed_lines, extract_files, parse_files
-from bot.errors import LLMError
+from bot.errors import LLMError, LLMRequestRejected
 from bot.llm.base import CallProgress, LLMRequest, LLMResponse
 
 DEFAULT_OVERHEAD_S = 3.0
@@ -76,6 +76,7 @@ class SimulatedBackend:
         worker: str = "simulated",
         fault_every: int = 0,
         clock: Clock = time.monotonic,
+        context_tokens: int | None = None,
     ) -> None:
         if overhead_s < 0 or seconds_per_line < 0 or time_scale < 0:
             raise ValueError("overhead_s, seconds_per_line and time_scale must be >= 0")
@@ -87,6 +88,10 @@ class SimulatedBackend:
         # error no backend contract names, as a buggy or unexpected backend would.
         self.fault_every = fault_every
         self.faulted: set[int] = set()
+        # A model's context: a prompt (four characters a token) and its answer tokens over it
+        # are refused in vLLM's words, before any GPU time is spent, as vLLM refuses them.
+        self.context_tokens = context_tokens
+        self.refused = 0
         self.overhead_s = overhead_s
         self.seconds_per_line = seconds_per_line
         self.sleep = sleep
@@ -136,6 +141,16 @@ class SimulatedBackend:
             for f in extract_files(user)
         )
         prompt_lines = sum(file.additions + file.deletions for file in files)
+        prompt_tokens = max(1, sum(len(m.get("content", "")) for m in request.messages) // 4)
+        if self.context_tokens is not None and prompt_tokens + request.max_tokens > (
+            self.context_tokens
+        ):
+            self.refused += 1
+            raise LLMRequestRejected(
+                f"This model's maximum context length is {self.context_tokens} tokens. However,"
+                f" you requested {prompt_tokens + request.max_tokens} tokens ({prompt_tokens} in"
+                f" the messages, {request.max_tokens} in the completion)."
+            )
         metadata = request.metadata
         gpu_seconds = self.charge(metadata, prompt_lines)
         self.calls += 1
@@ -162,10 +177,9 @@ class SimulatedBackend:
                 await self.sleep(seconds)
             finally:
                 self._running.pop(chunk_id, None)
-        prompt_chars = sum(len(m.get("content", "")) for m in request.messages)
         return LLMResponse(
             text=text,
-            prompt_tokens=max(1, prompt_chars // 4),
+            prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             latency_s=gpu_seconds * self.time_scale if self.sleep is not None else gpu_seconds,
             gpu_seconds=gpu_seconds,

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from bot.diff import file_lines, file_value
+from bot.errors import LLMRequestRejected
 from bot.llm.base import LLMBackend, LLMRequest, LLMResponse
 from bot.model import DEFAULT_CONTEXT_TOKENS, Job
 from bot.review.anchor import ANCHOR_OUTCOMES, index_files
+from bot.review.chunking import halve_chunk
 from bot.review.parse import (
     MAX_BODY_CHARS,
     MAX_FINDINGS_PER_CHUNK,
@@ -32,6 +36,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ParseStatus = Literal["ok", "repaired", "unparsable"]
+# How vLLM words a refusal for length: "This model's maximum context length is N tokens",
+# "... is longer than the maximum model length of N" (newer versions).
+PROMPT_OVER_CONTEXT = re.compile(r"maximum (?:context|model) length|context length", re.IGNORECASE)
 RESULT_VERSION = 1
 
 
@@ -145,7 +152,126 @@ async def review_chunk(
     max_body_chars: int = MAX_BODY_CHARS,
     shared: SharedContext | None = None,
 ) -> ChunkReview:
-    """Review one chunk; bot.errors.LLMError from the backend propagates (the chunk is retried)."""
+    """Review one chunk; bot.errors.LLMError from the backend propagates (the chunk is retried).
+
+    A prompt the model server refuses as over its context is sent again without the pull
+    request's text and code context, then in halves (files, then hunks) until each part fits:
+    the tokenizer may count more tokens than the chunk budget's estimate, and a part of a
+    review is never lost to that. Only a single changed line the server refuses is final.
+    """
+    review = functools.partial(
+        _review_whole,
+        backend,
+        level=level,
+        metadata=metadata,
+        instructions=instructions,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        max_findings=max_findings,
+        max_body_chars=max_body_chars,
+    )
+    files = list(chunk_files)
+    try:
+        return await review(files, shared=shared)
+    except LLMRequestRejected as exc:
+        if not prompt_over_context(exc):
+            raise
+        refusal = exc
+    job_id = (metadata or {}).get("job_id")
+    if shared is not None:
+        logger.info(
+            "chunk prompt over the model's context: sent again without the code context",
+            extra={"action": "review_without_context", "job_id": job_id},
+        )
+        try:
+            return await review(files, shared=None)
+        except LLMRequestRejected as exc:
+            if not prompt_over_context(exc):
+                raise
+            refusal = exc
+    halves = halve_chunk(files)
+    if halves is None:
+        raise refusal
+    logger.info(
+        "chunk prompt over the model's context: reviewed in two parts of %d and %d lines",
+        sum(file_lines(file) for file in halves[0]),
+        sum(file_lines(file) for file in halves[1]),
+        extra={"action": "review_halved", "job_id": job_id},
+    )
+    parts = [
+        await review_chunk(
+            backend,
+            half,
+            level=level,
+            metadata=metadata,
+            instructions=instructions,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            max_findings=max_findings,
+            max_body_chars=max_body_chars,
+        )
+        for half in halves
+    ]
+    return joined_review(files, parts)
+
+
+def prompt_over_context(error: LLMRequestRejected) -> bool:
+    """Whether the server refused a request for its prompt's length (vLLM's words for it)."""
+    return PROMPT_OVER_CONTEXT.search(str(error)) is not None
+
+
+def joined_review(
+    files: Sequence[Mapping[str, Any] | Any], parts: Sequence[ChunkReview]
+) -> ChunkReview:
+    """One chunk's review from the reviews of its parts: their findings, usage and counts
+    together; unparsable only when no part parsed."""
+    parsed = [part for part in parts if part.status != "unparsable"]
+    errors = [f"part {n}: {part.error}" for n, part in enumerate(parts, 1) if part.error]
+    status: ParseStatus = (
+        "unparsable"
+        if not parsed
+        else "ok"
+        if all(part.status == "ok" for part in parts)
+        else "repaired"
+    )
+    usage = Usage()
+    for part in parts:
+        usage = Usage(
+            prompt_tokens=usage.prompt_tokens + part.usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens + part.usage.completion_tokens,
+            latency_s=usage.latency_s + part.usage.latency_s,
+            gpu_seconds=usage.gpu_seconds + part.usage.gpu_seconds,
+        )
+    return ChunkReview(
+        paths=tuple(dict.fromkeys(str(file_value(file, "path", "")) for file in files)),
+        findings=tuple(finding for part in parts for finding in part.findings),
+        summary=" ".join(part.summary for part in parts if part.summary),
+        status=status,
+        attempts=sum(part.attempts for part in parts),
+        usage=usage,
+        dropped=sum(part.dropped for part in parts),
+        drop_reasons=dict(sum((Counter(part.drop_reasons) for part in parts), Counter())),
+        error="; ".join(errors) or None,
+        workers=tuple(worker for part in parts for worker in part.workers),
+        lines=sum(file_lines(file) for file in files),
+        anchoring=dict(sum((Counter(part.anchoring) for part in parts), Counter())),
+    )
+
+
+async def _review_whole(
+    backend: LLMBackend,
+    chunk_files: Sequence[Mapping[str, Any] | Any],
+    *,
+    level: int,
+    metadata: Mapping[str, Any] | None,
+    instructions: str | None,
+    max_tokens: int,
+    temperature: float,
+    max_findings: int,
+    max_body_chars: int,
+    shared: SharedContext | None,
+) -> ChunkReview:
+    """One prompt for the whole chunk, one stricter retry on a broken answer."""
     files = list(chunk_files)
     index = index_files(files)
     paths = tuple(str(file_value(file, "path", "")) for file in files)

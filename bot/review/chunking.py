@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bot.diff import HUNK_HEADER, parse_hunks, split_lines
+from bot.diff import HUNK_HEADER, file_lines, parse_hunks, split_lines
 from bot.model import ChunkPlan, FileChange
 
 DEFAULT_LINE_BUDGET = 400
@@ -227,6 +227,34 @@ def _with_first_chunk(
             items[0:1] = [head, tail]
             items = _renumber_parts(items)
     return _pack(items, line_budget, first_budget)
+
+
+def halve_chunk(
+    files: Sequence[Mapping[str, Any] | Any],
+) -> tuple[list[Mapping[str, Any] | Any], list[Mapping[str, Any] | Any]] | None:
+    """Two halves of a chunk, by changed lines, for a model that refused it whole (its prompt
+    over the model's context): its files in two groups, or a lone file's hunks (a big hunk
+    cut, each part with a correct header); None when no cut leaves both halves a change."""
+    if len(files) > 1:
+        sizes = [file_lines(file) for file in files]
+        total, running, cut = sum(sizes), 0, len(files) - 1
+        for index, size in enumerate(sizes[:-1], start=1):
+            running += size
+            if running * 2 >= total:
+                cut = index
+                break
+        return list(files[:cut]), list(files[cut:])
+    if len(files) != 1 or not isinstance(files[0], Mapping):
+        return None
+    entry = dict(files[0])
+    patch = entry.get("patch")
+    changed = count_changed_lines(patch) if isinstance(patch, str) else 0
+    if changed < 2:
+        return None
+    head, tail = _cut_piece(_Piece(entry, changed), math.ceil(changed / 2))
+    if head.lines <= 0 or tail.lines <= 0:
+        return None
+    return [head.entry], [tail.entry]
 
 
 def _skip_reason(skip: SkipPredicate | None, change: FileChange) -> str | None:

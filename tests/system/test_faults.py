@@ -610,9 +610,12 @@ async def test_a_dispatcher_paused_for_three_leases_writes_nothing_twice(
         await wait_until(drained, timeout_s=DRAIN_TIMEOUT_S, what="the queue to drain")
         drain_s = time.monotonic() - paused_at
         # The status of each job's end is written once the publisher has seen it end.
-        await wait_until(
-            lambda: _statuses_final(db_url), timeout_s=30, what="every final status written"
-        )
+        try:
+            await wait_until(
+                lambda: _statuses_final(db_url), timeout_s=30, what="every final status written"
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {await _statuses_not_final(db_url)}") from exc
     assert Counter(answers.values()) == {"queued": PAUSE_BURST}
     jobs = await _fetch(db_url, "SELECT id, repo, number, state FROM review_jobs")
     assert Counter(row["state"] for row in jobs) == {"done": PAUSE_BURST}
@@ -640,6 +643,17 @@ async def _statuses_final(database_url: str) -> bool:
         " WHERE s.state IS DISTINCT FROM 'completed'",
     )
     return int(rows[0]["open"]) == 0
+
+
+async def _statuses_not_final(database_url: str) -> list[dict[str, object]]:
+    """The jobs whose status is not written as final yet, with what was written of it."""
+    rows = await _fetch(
+        database_url,
+        "SELECT j.id, j.state, j.finished_at, s.state AS status, s.published_at, s.writes"
+        " FROM review_jobs j LEFT JOIN status_reports s ON s.job_id = j.id"
+        " WHERE s.state IS DISTINCT FROM 'completed' ORDER BY j.id",
+    )
+    return [dict(row) for row in rows]
 
 
 async def test_a_web_process_paused_with_command_replies_on_the_wire_replies_once(

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from bot.diff import commentable_positions
-from bot.errors import LLMError
+from bot.errors import LLMError, LLMRequestRejected
 from bot.llm.base import LLMRequest
 from bot.llm.openai_compat import OpenAICompatBackend
 from bot.review.assemble import StoredChunk, assemble_review
-from bot.review.chunk_review import ChunkReview, review_chunk
+from bot.review.chunk_review import ChunkReview, prompt_over_context, review_chunk
+from bot.review.prompts import build_messages
 from tests.support.serving import free_port
 from tests.support.vllm_cpu import SCRIPT, script_values
 
@@ -114,6 +115,35 @@ async def test_review_through_openai_backend_with_priority(vllm_url: str) -> Non
     assert assembled.complete == (review.status != "unparsable")
     if not assembled.complete:
         assert "could not be parsed" in assembled.summary
+
+
+def _long_file(index: int, lines: int) -> dict[str, object]:
+    body = [
+        f"+value_{index}_{n} = compute_something(alpha, beta, gamma, delta_{n}, epsilon)"
+        for n in range(lines)
+    ]
+    patch = f"@@ -0,0 +1,{lines} @@\n" + "\n".join(body)
+    return {"path": f"pkg/mod{index}.py", "status": "added", "lines": lines, "patch": patch}
+
+
+async def test_a_chunk_over_the_served_context_is_reviewed_in_parts(vllm_url: str) -> None:
+    """The server counts the prompt with its own tokenizer and refuses it whole (400, "maximum
+    context length"); the reviewer sends it again in halves, each within the context."""
+    files = [_long_file(index, 70) for index in range(2)]
+    backend = OpenAICompatBackend([vllm_url], model=MODEL, timeout_s=300, max_retries=0)
+    try:
+        with pytest.raises(LLMRequestRejected) as whole:
+            await backend.complete(
+                LLMRequest(messages=build_messages(files), max_tokens=32, temperature=0.0)
+            )
+        review = await review_chunk(backend, files, level=1, max_tokens=32)
+    finally:
+        await backend.close()
+    assert prompt_over_context(whole.value), str(whole.value)
+    assert review.lines == 140 and review.paths == ("pkg/mod0.py", "pkg/mod1.py")
+    # Two parts, each answered (once, or twice when its first answer broke the contract).
+    assert 2 <= review.attempts <= 4 and review.workers == (vllm_url,) * review.attempts
+    assert 4096 < review.usage.prompt_tokens < 4096 * review.attempts
 
 
 # The review schema with every string and list bounded, so a complete answer fits the token budget
@@ -269,3 +299,5 @@ def test_the_in_process_engine_refuses_an_overlong_prompt_as_the_http_server_doe
     outcomes, log = in_process_run
     assert "OVERLONG" in outcomes, log
     assert outcomes["OVERLONG"].startswith("rejected"), outcomes["OVERLONG"] + log
+    # In the words the reviewer takes for a prompt over the context (it then reviews in parts).
+    assert prompt_over_context(LLMRequestRejected(outcomes["OVERLONG"])), outcomes["OVERLONG"]

@@ -6,9 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bot.diff import parse_hunks
 from bot.model import FileChange
 from bot.review.chunking import (
     count_changed_lines,
+    halve_chunk,
     plan_chunks,
     split_hunks,
 )
@@ -192,3 +194,60 @@ def test_patch_split_keeps_all_changed_lines(hunks: list[tuple[int, int]], budge
     pieces = [entry["patch"] for chunk in result.chunks for entry in chunk.files]
     assert sum(count_changed_lines(piece) for piece in pieces) == total
     assert all(piece.startswith("@@") for piece in pieces)
+
+
+# --- halving a chunk the model refused whole ------------------------------------------------
+
+
+def _entries(patches: list[str]) -> list[dict[str, object]]:
+    return [
+        {"index": i, "path": f"f{i}.py", "lines": count_changed_lines(p), "patch": p}
+        for i, p in enumerate(patches)
+    ]
+
+
+@given(st.lists(st.integers(1, 40), min_size=2, max_size=8))
+def test_halving_files_keeps_every_file_once_in_order_and_both_halves_non_empty(
+    sizes: list[int],
+) -> None:
+    files = _entries([_patch([(1, size)]) for size in sizes])
+    halves = halve_chunk(files)
+    assert halves is not None
+    first, second = halves
+    assert first and second and [*first, *second] == files
+    # The cut is the first one that reaches half the lines: no earlier cut would.
+    total = sum(sizes)
+    assert sum(sizes[: len(first)]) * 2 >= total or len(second) == 1
+    assert len(first) == 1 or sum(sizes[: len(first) - 1]) * 2 < total
+
+
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 30)), min_size=1, max_size=5))
+def test_halving_one_file_splits_its_changed_lines_with_correct_headers(
+    hunks: list[tuple[int, int]],
+) -> None:
+    starts, position = [], 1
+    for gap, changed in hunks:  # hunks in order, apart
+        position += gap + changed * 2
+        starts.append((position, changed))
+    patch = _patch(starts)
+    changed = count_changed_lines(patch)
+    halves = halve_chunk(_entries([patch]))
+    if changed < 2:
+        assert halves is None
+        return
+    assert halves is not None
+    [first], [second] = halves
+    head, tail = str(first["patch"]), str(second["patch"])
+    assert count_changed_lines(head) + count_changed_lines(tail) == changed
+    assert (
+        count_changed_lines(head) == first["lines"] and count_changed_lines(tail) == second["lines"]
+    )
+    assert 0 < count_changed_lines(head) <= -(-changed // 2)
+    # Together the halves hold the whole's lines, each with the numbers it has in the file.
+    lines = [line for part in (head, tail) for h in parse_hunks(part) for line in h.lines]
+    assert lines == [line for h in parse_hunks(patch) for line in h.lines]
+
+
+def test_a_lone_changed_line_cannot_be_halved() -> None:
+    assert halve_chunk(_entries([_patch([(1, 1)])])) is None
+    assert halve_chunk([]) is None
