@@ -178,7 +178,7 @@ async def review_chunk(
             raise
         refusal = exc
     job_id = (metadata or {}).get("job_id")
-    if shared is not None:
+    if shared is not None and (shared.title or shared.description or shared.files):
         logger.info(
             "chunk prompt over the model's context: sent again without the code context",
             extra={"action": "review_without_context", "job_id": job_id},

@@ -304,7 +304,10 @@ async def test_a_chunk_the_model_server_refuses_is_named_in_the_review_not_fatal
         assembled = assemble_review([stored_chunk(chunk) for chunk in chunks])
         assert not assembled.complete
         assert "app/huge.py" in assembled.summary and "context length" in assembled.summary
-        assert server.refused == 1  # refused once: a 4xx is not retried elsewhere
+        # Refused whole, whole again without the pull request's title, then its first half (one
+        # changed line in 200 lines of context, which cannot be cut further): that 4xx is final,
+        # not retried elsewhere or later.
+        assert server.refused == 3
     finally:
         dispatcher.stop()
         await asyncio.wait_for(runner, timeout=10.0)

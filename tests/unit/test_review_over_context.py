@@ -77,7 +77,13 @@ async def test_the_code_context_goes_before_the_diff_is_cut() -> None:
 async def test_a_single_line_over_the_context_is_refused_as_before() -> None:
     backend = SimulatedBackend(context_tokens=ANSWER_TOKENS + 10)
     with pytest.raises(LLMRequestRejected) as refused:
-        await review_chunk(backend, [_file(0, 1)], level=1, max_tokens=ANSWER_TOKENS)
+        await review_chunk(
+            backend,
+            [_file(0, 1)],
+            level=1,
+            max_tokens=ANSWER_TOKENS,
+            shared=SharedContext(title="", description=""),  # nothing to leave out
+        )
     assert prompt_over_context(refused.value)
     assert backend.refused == 1
 
