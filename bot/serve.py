@@ -62,6 +62,8 @@ def status_publisher(
             # after a lease, and its writes are fenced from then on.
             lease_s=max(settings.scheduler.lease_s, 3 * settings.status.interval_s),
         ),
+        # The ETA includes the wait for the write budget the forge clients spend from.
+        budget=budget_settings(settings).limits,
     )
 
 

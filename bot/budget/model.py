@@ -95,9 +95,29 @@ def play_budget(writes: Sequence[PlannedWrite], limits: BudgetLimits) -> list[fl
     return result
 
 
+def posting_waits(
+    finishes: Sequence[tuple[int, int, float]], spent: Sequence[float], limits: BudgetLimits
+) -> dict[int, float]:
+    """How long each review waits for the budget to post it once its last chunk is done.
+
+    `finishes` are (job id, level, seconds from now to its last chunk's end), `spent` the
+    writes already counted in the windows (seconds from now, at most 0). The reviews ask in
+    the order they finish, each at its level's reserve, each slot taken from the next.
+    """
+    times = sorted(spent)
+    waits: dict[int, float] = {}
+    for job_id, level, finish_s in sorted(finishes, key=lambda item: (item[2], item[1])):
+        asked = max(0.0, finish_s)
+        claim = Claim(job_id, WriteValue.REVIEW, level, EPOCH)
+        slot = next_slot(times, after=asked, limits=limits, keep=keeps_of(claim, limits))
+        bisect.insort(times, slot)
+        waits[job_id] = slot - asked
+    return waits
+
+
 def spent_at(seconds: float | None) -> datetime | None:
     """A played write's time as a moment of the replay's clock."""
     return None if seconds is None else EPOCH + timedelta(seconds=seconds)
 
 
-__all__ = ["PlannedWrite", "play_budget", "spent_at"]
+__all__ = ["PlannedWrite", "play_budget", "posting_waits", "spent_at"]

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from bot.budget.decide import WriteValue
+from bot.budget.decide import BudgetLimits, WriteValue
 from bot.budget.intent import WriteHeld, WriteIntent, writing
+from bot.budget.ledger import DEFAULT_LIMITS
 from bot.clock import Clock
 from bot.errors import ForgeError, LeaseLost, StoreError
 from bot.forges.base import ForgePermissionDenied, guarded_writes
@@ -130,8 +131,10 @@ class StatusPublisher:
         capacity: Capacity,
         estimator: Callable[[], ServiceEstimator],
         settings: StatusSettings | None = None,
+        budget: Mapping[str, BudgetLimits] | None = None,
     ) -> None:
         self.connector = connector
+        self.budget = dict(budget) if budget is not None else dict(DEFAULT_LIMITS)
         self.forges = forges
         self.clock = clock
         self.capacity = capacity
@@ -150,7 +153,7 @@ class StatusPublisher:
 
     def model(self) -> EtaModel:
         """What this publisher estimates with now."""
-        return EtaModel(self.capacity, self.estimator(), self.learner.calibration)
+        return EtaModel(self.capacity, self.estimator(), self.learner.calibration, self.budget)
 
     async def _keep_model(self, model: EtaModel, now: datetime) -> None:
         """Keep the model for /review status and the dashboard: when it changed, and at least

@@ -15,6 +15,9 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from bot.budget.decide import BudgetLimits
+from bot.budget.ledger import DEFAULT_LIMITS
+from bot.budget.model import posting_waits
 from bot.model import LEVELS, Level
 from bot.queue.connector import Connector
 from bot.queue.sql import status as sql
@@ -24,6 +27,10 @@ from bot.status.eta import Arrivals, Capacity, Estimate, estimate_queue
 from bot.status.load import ARRIVALS_WINDOW_S, LiveCalls, arrivals_of, job_load
 
 MODEL_NAME = "status"
+# A posting wait shorter than this is within the ETA's own error (a fifth of the turnaround
+# or so) and is left out: an ETA moves when the forge's write budget binds, not on every
+# second between two writes.
+BINDING_WAIT_S = 10.0
 
 
 def live_calls(row: Any) -> LiveCalls:
@@ -97,6 +104,9 @@ class EtaModel:
     capacity: Capacity
     estimator: ServiceEstimator = field(default_factory=ServiceEstimator.with_prior)
     calibration: Calibration = field(default_factory=Calibration)
+    # Each forge's write budget: a review is on the PR when its write goes out, not when its
+    # last chunk ends.
+    budget: Mapping[str, BudgetLimits] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
 
 
 def model_to_json(model: EtaModel) -> dict[str, Any]:
@@ -107,6 +117,7 @@ def model_to_json(model: EtaModel) -> dict[str, Any]:
         "mlfq": asdict(model.capacity.mlfq),
         "estimator": asdict(model.estimator),
         "factors": {str(level): model.calibration.factor(level) for level in LEVELS},
+        "budget": {forge: asdict(limits) for forge, limits in model.budget.items()},
     }
 
 
@@ -122,7 +133,13 @@ def model_from_json(stored: Mapping[str, Any]) -> EtaModel:
         **{key: float(value) for key, value in stored["estimator"].items()}
     )
     factors = {Level.parse(name): float(value) for name, value in stored["factors"].items()}
-    return EtaModel(capacity, estimator, Calibration(factors))
+    budget = dict(DEFAULT_LIMITS)
+    for forge, limits in (stored.get("budget") or {}).items():  # a model kept before budgets
+        fields = dict(limits)
+        fields["value_reserve"] = tuple(fields["value_reserve"])
+        fields["level_reserve"] = tuple(fields["level_reserve"])
+        budget[str(forge)] = BudgetLimits(**fields)
+    return EtaModel(capacity, estimator, Calibration(factors), budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +159,65 @@ async def standings(connector: Connector, model: EtaModel, *, now: datetime) -> 
         rows, capacity=model.capacity, estimator=model.estimator, now=now, arrivals=arrivals
     )
     shown = {job_id: calibrated(estimate, model.calibration) for job_id, estimate in raw.items()}
-    return Standings(rows, raw, shown)
+    since = now - timedelta(seconds=max(limits.horizon_s for limits in model.budget.values()))
+    writes = await connector.fetch_all(sql.SELECT_RECENT_WRITES, {"since": since})
+    spent: dict[str, list[float]] = {}
+    for write in writes:
+        spent.setdefault(str(write.budget_key), []).append((write.spent_at - now).total_seconds())
+    # The same wait in the promise the ETA learns from: its misses are then the queue's own.
+    waits = binding_waits(rows, shown, spent, budget=model.budget)
+    return Standings(rows, waited(raw, waits), waited(shown, waits))
+
+
+def budget_key_of(row: Any, known: Sequence[str]) -> str:
+    """The write budget a live job's review is posted from, as `forge_writes` names it: its
+    GitHub App installation's, else its forge's token's (the one the writes name)."""
+    if row.forge == "github" and row.installation_id is not None:
+        return f"github:installation:{int(row.installation_id)}"
+    tokens = sorted(key for key in known if key.startswith(f"{row.forge}:token:"))
+    return tokens[0] if len(tokens) == 1 else f"{row.forge}:token"
+
+
+def binding_waits(
+    rows: Sequence[Any],
+    estimates: Mapping[int, Estimate],
+    spent: Mapping[str, Sequence[float]],
+    *,
+    budget: Mapping[str, BudgetLimits],
+) -> dict[int, float]:
+    """How long each live review waits, once its last chunk ends, for its forge's write
+    budget to post it (`spent`: each budget's writes of its windows, seconds from now), where
+    that wait binds (BINDING_WAIT_S or more); the reviews of one budget take its slots in the
+    order they end."""
+    groups: dict[str, list[tuple[int, int, float]]] = {}
+    forges: dict[str, str] = {}
+    for row in rows:
+        estimate = estimates.get(int(row.id))
+        if estimate is None or str(row.forge) not in budget:
+            continue
+        key = budget_key_of(row, list(spent))
+        forges[key] = str(row.forge)
+        groups.setdefault(key, []).append(
+            (estimate.job_id, int(estimate.level), estimate.finish_in_s)
+        )
+    waits: dict[int, float] = {}
+    for key, finishes in groups.items():
+        for job_id, wait in posting_waits(
+            finishes, spent.get(key, ()), budget[forges[key]]
+        ).items():
+            if wait >= BINDING_WAIT_S:
+                waits[job_id] = wait
+    return waits
+
+
+def waited(estimates: Mapping[int, Estimate], waits: Mapping[int, float]) -> dict[int, Estimate]:
+    """Estimates whose end is moved by their posting wait."""
+    return {
+        job_id: replace(estimate, finish_in_s=estimate.finish_in_s + waits[job_id])
+        if job_id in waits
+        else estimate
+        for job_id, estimate in estimates.items()
+    }
 
 
 async def save_model(connector: Connector, model: EtaModel, *, now: datetime) -> None:
@@ -170,8 +245,11 @@ async def read_standings(connector: Connector, *, now: datetime, fallback: EtaMo
 
 
 __all__ = [
+    "BINDING_WAIT_S",
     "EtaModel",
     "Standings",
+    "binding_waits",
+    "budget_key_of",
     "calibrated",
     "estimate_rows",
     "fetch_arrivals",
@@ -183,4 +261,5 @@ __all__ = [
     "read_standings",
     "save_model",
     "standings",
+    "waited",
 ]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bot.budget.decide import BudgetLimits
 from bot.clock import EPOCH
 from bot.config import load_settings
 from bot.errors import ConfigError
@@ -485,5 +487,11 @@ def test_the_publishers_model_survives_its_trip_through_the_database_row() -> No
         learn_calibration([EtaSample(Level.P2, 10.0, 30.0)] * 20),
     )
     assert model_from_json(json.loads(json.dumps(model_to_json(model)))) == model
+    tight = replace(model, budget={"github": BudgetLimits(per_minute=4, per_hour=40)})
+    back = model_from_json(json.loads(json.dumps(model_to_json(tight))))
+    assert back.budget["github"] == BudgetLimits(per_minute=4, per_hour=40)
+    # A model kept before the ETA knew the budgets reads back with the default limits.
+    older = {key: value for key, value in model_to_json(model).items() if key != "budget"}
+    assert model_from_json(older) == model
     with pytest.raises(KeyError):
         model_from_json({"slots": 2})

@@ -40,6 +40,13 @@ SELECT_LIVE_JOBS = statement(
     """
 )
 
+# The writes every forge budget counted since :since, for the posting wait an ETA includes.
+SELECT_RECENT_WRITES = statement(
+    """
+    SELECT budget_key, spent_at FROM forge_writes WHERE spent_at > :since ORDER BY spent_at
+    """
+)
+
 # The reviews that arrived in a recent window: level and size, what the ETA expects more of.
 SELECT_RECENT_ARRIVALS = statement(
     """
