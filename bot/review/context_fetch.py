@@ -1,6 +1,12 @@
 """Read each reviewed file once at the head sha and keep the code around its changes with the
 chunks (the I/O shell around bot/review/code_context.py).
 
+Only the files whose context can reach a prompt are read: a chunk's prompt shows its files'
+contexts in order and drops them from the last (bot/review/prompt_context.py), so once the
+files read so far fill a chunk's allowance, the chunk's later files would be dropped unread
+as they would be dropped read. Each read is a forge request against a rate limit; a review
+of many files would otherwise spend most of its reads on text no prompt shows.
+
 A file the forge will not serve (gone, too large, binary, a 5xx after one retry) is reviewed
 without context: the context helps a review, it never holds one up.
 """
@@ -9,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +23,7 @@ from bot.errors import ForgeError
 from bot.forges.base import ForgeClient, PullChanges
 from bot.model import ChunkPlan, Job
 from bot.review.code_context import build_file_context
+from bot.review.prompt_context import FileContext, fit_shared_context
 
 log = logging.getLogger(__name__)
 
@@ -26,31 +33,91 @@ MAX_CONCURRENT_READS = 4
 
 @dataclass(frozen=True, slots=True)
 class ContextReads:
-    """What reading a review's files did: texts by path, and how many reads failed."""
+    """What reading a review's files did: texts by path, how many reads were made and how
+    many failed, and how many files were left unread because no prompt had room for them."""
 
     sources: Mapping[str, str]
     requested: int
     failed: int = 0
+    skipped: int = 0
+
+
+# What a file's context is, from its path, its text at the head and its chunk's patch.
+ContextOf = Callable[[str, str, str], FileContext | None]
+
+
+def _has_text(entry: Mapping[str, Any]) -> bool:
+    return bool(entry.get("patch")) and entry.get("status") != "removed"
 
 
 def files_to_read(chunks: Sequence[ChunkPlan]) -> tuple[str, ...]:
-    """The paths whose head text the chunks need, each once, in chunk order (deleted files
-    and files without a textual diff have none)."""
+    """The paths whose head text the chunks could use, each once, in chunk order (deleted
+    files and files without a textual diff have none)."""
     paths: dict[str, None] = {}
     for chunk in chunks:
         for entry in chunk.files:
-            if entry.get("patch") and entry.get("status") != "removed":
+            if _has_text(entry):
                 paths.setdefault(str(entry["path"]), None)
     return tuple(paths)
 
 
+def next_reads(
+    chunks: Sequence[ChunkPlan],
+    known: Mapping[str, str | None],
+    *,
+    title: str,
+    description: str,
+    budget_tokens: int,
+    context_of: ContextOf,
+) -> tuple[str, ...]:
+    """The paths to read next: each chunk's first file whose text is not `known` yet (None
+    for a file that could not be read), unless the contexts before it already fill the
+    chunk's allowance, so that no prompt would show it (`fit_shared_context` drops contexts
+    from the last, so a file dropped now stays dropped whatever follows it)."""
+    wanted: dict[str, None] = {}
+    for chunk in chunks:
+        contexts: list[FileContext] = []
+        for entry in chunk.files:
+            if not _has_text(entry):
+                continue
+            path = str(entry["path"])
+            if path not in known:
+                wanted.setdefault(path, None)
+                break
+            source = known[path]
+            found = context_of(path, source, str(entry["patch"])) if source is not None else None
+            if found is None:
+                continue
+            contexts.append(found)
+            fitted = fit_shared_context(title, description, contexts, budget_tokens=budget_tokens)
+            if len(fitted.files) < len(contexts):
+                break
+    return tuple(wanted)
+
+
 async def read_sources(
-    client: ForgeClient, job: Job, changes: PullChanges, paths: Sequence[str]
+    client: ForgeClient,
+    job: Job,
+    changes: PullChanges,
+    chunks: Sequence[ChunkPlan],
+    *,
+    title: str,
+    description: str,
+    budget_tokens: int,
 ) -> ContextReads:
-    """Each path's text at the head sha (read at most once); failures leave a path out."""
+    """The head text of every file whose context can reach one of the chunks' prompts within
+    `budget_tokens` (each read at most once, chunks read side by side, a chunk's files in
+    order); failures leave a path out."""
     blobs = {change.path: change.blob_sha for change in changes.files}
     gate = asyncio.Semaphore(MAX_CONCURRENT_READS)
     failed = 0
+    built: dict[tuple[str, str], FileContext | None] = {}
+
+    def context_of(path: str, source: str, patch: str) -> FileContext | None:
+        key = (path, patch)
+        if key not in built:
+            built[key] = build_file_context(path, source, patch)
+        return built[key]
 
     async def read(path: str) -> tuple[str, str | None]:
         nonlocal failed
@@ -76,9 +143,19 @@ async def read_sources(
                 return path, None
         return path, text
 
-    found = await asyncio.gather(*(read(path) for path in paths))
-    sources = {path: text for path, text in found if text is not None}
-    return ContextReads(sources=sources, requested=len(paths), failed=failed)
+    known: dict[str, str | None] = {}
+    while wanted := next_reads(
+        chunks,
+        known,
+        title=title,
+        description=description,
+        budget_tokens=budget_tokens,
+        context_of=context_of,
+    ):
+        known.update(await asyncio.gather(*(read(path) for path in wanted)))
+    sources = {path: text for path, text in known.items() if text is not None}
+    unread = [path for path in files_to_read(chunks) if path not in known]
+    return ContextReads(sources=sources, requested=len(known), failed=failed, skipped=len(unread))
 
 
 def with_contexts(chunks: Sequence[ChunkPlan], sources: Mapping[str, str]) -> tuple[ChunkPlan, ...]:
@@ -99,4 +176,4 @@ def with_contexts(chunks: Sequence[ChunkPlan], sources: Mapping[str, str]) -> tu
     return tuple(result)
 
 
-__all__ = ["ContextReads", "files_to_read", "read_sources", "with_contexts"]
+__all__ = ["ContextReads", "files_to_read", "next_reads", "read_sources", "with_contexts"]

@@ -25,7 +25,7 @@ from bot.queue.records import Fence
 from bot.queue.store import QueueStore, request_from_json
 from bot.review.assemble import classify_skipped_file
 from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET, plan_chunks
-from bot.review.context_fetch import files_to_read, read_sources, with_contexts
+from bot.review.context_fetch import read_sources, with_contexts
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.narrow import ReviewScope
 from bot.sched.cost import CostEstimate, ReviewFeatures, chunk_file_lines
@@ -279,12 +279,24 @@ async def plan_one_job(
     if changes.description is not None:
         details["description"] = changes.description
     if settings.context_tokens > 0 and plan.chunks:
-        reads = await read_sources(client, job, changes, files_to_read(plan.chunks))
+        # The prompt shows the title and description the job will hold once `details` is
+        # merged into its request (bot/review/prompt_context.shared_context_for).
+        shown = {**job.request, **details}
+        reads = await read_sources(
+            client,
+            job,
+            changes,
+            plan.chunks,
+            title=str(shown.get("title") or job.title or ""),
+            description=str(shown.get("description") or ""),
+            budget_tokens=settings.context_tokens,
+        )
         plan = replace(plan, chunks=with_contexts(plan.chunks, reads.sources))
         details["context_reads"] = {
             "requested": reads.requested,
             "read": len(reads.sources),
             "failed": reads.failed,
+            "skipped": reads.skipped,
         }
     if scope is not None:
         details = {**details, **scope.details}

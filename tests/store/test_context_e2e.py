@@ -170,6 +170,7 @@ async def test_the_prompt_shows_the_enclosing_function_and_the_pull_request(
         "requested": 2,
         "read": 2,
         "failed": 0,
+        "skipped": 0,
     }
 
 
@@ -194,6 +195,50 @@ async def test_one_review_reads_each_file_once_even_across_chunks(
         context = prompt[prompt.index(BEGIN_CONTEXT) : prompt.index("BEGIN UNTRUSTED DIFF")]
         assert any(f"def f{n}():" in context for n in (10, 90, 170, 250, 330))
     assert emulator.state.count_requests("github.contents") == 1
+
+
+@pytest.mark.parametrize(
+    ("forge", "route"), [("github", "github.contents"), ("gitlab", "gitlab.file")]
+)
+async def test_files_whose_context_no_prompt_has_room_for_are_not_read(
+    store: QueueStore,
+    db_url: str,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    forge: str,
+    route: str,
+) -> None:
+    # Twenty modules, each with a changed line inside a 30-line function: one chunk, whose
+    # context allowance holds a few of the functions, not twenty.
+    body = "".join(f"    step_{n} = prepare({n}, options)\n" for n in range(30))
+    base = {
+        f"pkg/mod{m:02}.py": f"def run_{m}(options):\n{body}    return step_0\n" for m in range(20)
+    }
+    head = {
+        path: text.replace("step_15 = prepare(15", "step_15 = prepare(-15")
+        for path, text in base.items()
+    }
+    pull = open_pull_from_trees(
+        emulator.state,
+        forge,
+        "acme/shop",
+        10,
+        base=base,
+        head=head,  # type: ignore[arg-type]
+    )
+    job_id, backend = await review(store, db_url, forges, pull)
+
+    (prompt,) = user_turns(backend)
+    shown = prompt[prompt.index(BEGIN_CONTEXT) : prompt.index("BEGIN UNTRUSTED DIFF")]
+    shown_files = shown.count("Context: pkg/mod")
+    assert 1 <= shown_files < 20
+    job = await store.get_job(job_id)
+    assert job is not None
+    reads = job.request["context_reads"]
+    # The files the prompt shows, and the one that showed the allowance was full; no more.
+    assert emulator.state.count_requests(route) == reads["requested"] == shown_files + 1
+    assert reads["skipped"] == 20 - reads["requested"]
+    assert emulator.state.posted(forge=forge, repo="acme/shop", number=10)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
