@@ -339,22 +339,40 @@ class JobRecords(StorePart):
             {"seq": seq, "rank": ranks[seq], "files": list(plan.files), "lines": plan.lines}
             for seq, plan in enumerate(chunks)
         ]
-        async with self.connector.transaction() as conn:
-            marked = (
+        marking = {
+            "job_id": job_id,
+            "chunks_total": len(chunks),
+            "total_lines": sum(plan.lines for plan in chunks),
+            "files_changed": files_changed,
+            "additions": additions,
+            "deletions": deletions,
+            "details": to_json(dict(details or {})),
+            **(fence.params if fence is not None else NO_FENCE),
+        }
+        # The common path: the job stays at its level, one statement (see the statement).
+        async with self.connector.single_statement() as conn:
+            planned = (
                 await conn.execute(
-                    jobs_sql.MARK_JOB_PLANNED,
+                    jobs_sql.PLAN_JOB_AT_ITS_LEVEL,
                     {
-                        "job_id": job_id,
-                        "chunks_total": len(chunks),
-                        "total_lines": sum(plan.lines for plan in chunks),
-                        "files_changed": files_changed,
-                        "additions": additions,
-                        "deletions": deletions,
-                        "details": to_json(dict(details or {})),
-                        **(fence.params if fence is not None else NO_FENCE),
+                        **marking,
+                        "reasons": (
+                            to_json(list(decision.reasons)) if decision is not None else None
+                        ),
+                        "level": int(decision.level) if decision is not None else None,
+                        "plans": to_json(plans),
+                        "now": now,
+                        "channel": QUEUE_CHANNEL,
+                        "notify": self.settings.notify,
                     },
                 )
             ).first()
+        if planned is not None:
+            return True
+        # The decision moves the level, or the claim is lost, or the job was planned already:
+        # the transaction below tells which.
+        async with self.connector.transaction() as conn:
+            marked = (await conn.execute(jobs_sql.MARK_JOB_PLANNED, marking)).first()
             if marked is None:
                 return False
             if decision is not None:

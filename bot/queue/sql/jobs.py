@@ -88,6 +88,50 @@ MARK_JOB_PLANNED = statement(
     """
 )
 
+# Planning's common path in one statement, in autocommit (one round trip, one commit, as
+# intake's): mark the job planned as MARK_JOB_PLANNED does, take the policy's reasons, insert
+# its chunks at its level and wake the dispatchers. Nothing happens when the decision would
+# move the job's level (:level neither its base nor its current one): that move writes
+# history and moves chunks, and runs in plan_job's transaction instead; nor when the claim
+# is lost or the job was planned already.
+PLAN_JOB_AT_ITS_LEVEL = statement(
+    """
+    WITH marked AS (
+        UPDATE review_jobs SET planned = true, chunks_total = :chunks_total,
+               total_lines = :total_lines,
+               files_changed = COALESCE(:files_changed, files_changed),
+               additions = COALESCE(:additions, additions),
+               deletions = COALESCE(:deletions, deletions),
+               request = request || CAST(:details AS jsonb), planning_until = NULL,
+               reasons = COALESCE(CAST(:reasons AS jsonb), reasons),
+               state = CASE WHEN :chunks_total = 0 AND state = 'queued' THEN 'running'
+                            ELSE state END
+        WHERE id = :job_id AND NOT planned
+          AND (CAST(:level AS smallint) IS NULL OR :level = base_level OR :level = level)
+          AND (CAST(:fence_owner AS text) IS NULL
+               OR (planning_by = :fence_owner AND planning_attempt = :fence_attempt))
+        RETURNING id, state, level
+    ),
+    chunks AS (
+        INSERT INTO review_chunks (job_id, seq, level, rank, state, files, lines, available_at)
+        SELECT marked.id, plan.seq, marked.level, plan.rank,
+               CASE WHEN marked.state = 'waiting' THEN 'blocked' ELSE 'queued' END,
+               plan.files, plan.lines, :now
+        FROM marked,
+             jsonb_to_recordset(CAST(:plans AS jsonb))
+                 AS plan(seq int, rank double precision, files jsonb, lines int)
+        RETURNING 1
+    ),
+    woken AS (
+        SELECT pg_notify(:channel, 'planned') FROM marked
+        WHERE CAST(:notify AS boolean) AND :chunks_total > 0
+    )
+    SELECT marked.id, (SELECT count(*) FROM chunks) AS chunks,
+           (SELECT count(*) FROM woken) AS woken
+    FROM marked
+    """
+)
+
 # End a job (done, failed, dead, cancelled) unless it already ended; an ended job holds no
 # claim. With a fence, only while that planning or posting attempt still holds its claim.
 FINISH_JOB = statement(
