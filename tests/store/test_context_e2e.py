@@ -18,9 +18,11 @@ from bot.llm.base import LLMRequest, LLMResponse
 from bot.llm.simulated import SimulatedBackend
 from bot.model import JobState, Level, PolicyDecision
 from bot.pipeline import build_pipeline
+from bot.queue.findings import FindingStore
 from bot.queue.store import QueueStore
 from bot.review.planner import PlanningSettings
 from bot.review.prompt_context import BEGIN_CONTEXT, BEGIN_PULL_REQUEST
+from bot.review.quiet_post import QuietPosting
 from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
 from tests.support.pipeline_helpers import forge_settings, request_for
@@ -96,9 +98,15 @@ async def forges(emulator: ForgeEmulator) -> AsyncIterator[ForgeRegistry]:
 
 
 async def review(
-    store: QueueStore, db_url: str, forges: ForgeRegistry, pull: EmulatedPull
+    store: QueueStore,
+    db_url: str,
+    forges: ForgeRegistry,
+    pull: EmulatedPull,
+    *,
+    quiet: bool = False,
 ) -> tuple[int, RecordingBackend]:
-    """Submit the pull's review, run one dispatcher until it is done; the job and the model."""
+    """Submit the pull's review, run one dispatcher until it is done (posted as quiet reviews
+    are, as `bot serve` posts by default, with `quiet`); the job and the model."""
     backend = RecordingBackend()
     decision = PolicyDecision(level=Level.P2, reasons=("test",))
     submitted = await store.submit_request(request_for(pull), decision, now=SystemClock().now())
@@ -117,6 +125,7 @@ async def review(
             mlfq=MlfqSettings(reserved_slots=0),
         ),
         planning=PlanningSettings(context_tokens=1536),
+        quiet=QuietPosting(FindingStore(store.connector)) if quiet else None,
     )
     runner = asyncio.create_task(pipeline.dispatcher.run(database_url=db_url))
 
@@ -279,3 +288,18 @@ async def test_a_file_the_forge_will_not_serve_is_reviewed_without_its_context(
     reads = job.request["context_reads"]
     assert reads["requested"] == 2 and reads["read"] == 0
     assert reads["failed"] == (0 if fault.status == 404 else 2)
+
+
+async def test_an_unchanged_pull_request_is_read_in_full_once_then_answers_304(
+    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
+) -> None:
+    pull = open_pull_from_trees(
+        emulator.state, "github", "acme/shop", 11, base=BASE, head=HEAD, title="Log the count"
+    )
+    await review(store, db_url, forges, pull, quiet=True)
+
+    for route in ("github.pull", "github.files"):
+        full = emulator.state.count_requests(route, status=200)
+        not_modified = emulator.state.count_requests(route, status=304)
+        # Planning reads it; posting asks again with the ETag and gets 304 (no primary limit).
+        assert (full, not_modified) == (1, 1), route
