@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from sqlalchemy import text
 
 from bot.budget.decide import WriteValue
 from bot.budget.ledger import GITHUB_LIMITS, GITLAB_LIMITS, BudgetSettings, PostgresWriteBudget
+from bot.clock import EPOCH
 from bot.demo import ScaledClock, demo_settings, replay
 from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.limits import CONTENT_METHODS, NOT_CONTENT_ROUTES
@@ -109,6 +111,11 @@ class Run:
     wall_s: float
     writes_by_kind: dict[str, int]
     reads_by_kind: dict[str, int]
+    # Reviewed heads, those whose final check run (GitHub) or commit status (GitLab) was
+    # written, and when the last of them was (trace seconds).
+    heads: int = 0
+    heads_final: int = 0
+    last_final_s: float = 0.0
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -182,9 +189,63 @@ async def run_forge(url: str, forge: Forge, *, requests: int, speed: float, seed
             answers = await replay(emulator, running.url, trace, clock, speed=speed)
             print(f"{forge}: webhooks answered {dict(Counter(answers))}", flush=True)
             await drained(store.engine, timeout_s=900.0)
+            heads = await reviewed_heads(store.engine)
+            # The final states queue behind the reviews in the budget: wait for them too.
+            await finals_written(emulator.state, forge, heads, timeout_s=900.0)
         run = await measure(store.engine, emulator.state, forge, clock, started)
+        finals = final_states(emulator.state, forge, heads)
+        run.heads, run.heads_final = len(heads), len(finals)
+        run.last_final_s = max(
+            ((at - EPOCH).total_seconds() for at in finals.values()), default=0.0
+        )
     await store.close()
     return run
+
+
+async def reviewed_heads(engine: Any) -> set[str]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text("SELECT DISTINCT head_sha FROM review_jobs WHERE state = :done"),
+            {"done": JobState.DONE.value},
+        )
+        return {str(row.head_sha) for row in rows}
+
+
+def final_states(state: EmulatorState, forge: Forge, heads: set[str]) -> dict[str, datetime]:
+    """When each reviewed head got its final state on the forge: a completed check run (the
+    GitHub App writes check runs), a finished commit status (GitLab)."""
+    found: dict[str, datetime] = {}
+
+    def keep(sha: str, when: object) -> None:
+        if sha in heads and isinstance(when, str):
+            at = datetime.fromisoformat(when.replace("Z", "+00:00"))
+            found[sha] = min(found.get(sha, at), at)
+
+    if forge == "github":
+        for run in state.check_runs.values():
+            if run.get("status") == "completed":
+                keep(str(run["head_sha"]), run.get("completed_at"))
+    else:
+        for status in state.commit_statuses:
+            if status.get("_forge") == "gitlab" and status.get("finished_at"):
+                keep(str(status["sha"]), status["finished_at"])
+    return found
+
+
+async def finals_written(
+    state: EmulatorState, forge: Forge, heads: set[str], *, timeout_s: float
+) -> None:
+    """Wait until every reviewed head has its final state (or the wall time limit)."""
+    deadline = time.monotonic() + timeout_s
+    last = -1
+    while (count := len(final_states(state, forge, heads))) < len(heads):
+        if count != last:
+            print(f"  final states: {count} of {len(heads)} heads", flush=True)
+            last = count
+        if time.monotonic() > deadline:
+            print("  stopping: wall time limit", flush=True)
+            return
+        await asyncio.sleep(2.0)
 
 
 async def drained(engine: Any, *, timeout_s: float) -> None:
@@ -246,9 +307,9 @@ async def measure(
     kinds: Counter[str] = Counter()
     read_kinds: Counter[str] = Counter()
     for item in state.requests:
-        if item.route in NOT_CONTENT_ROUTES or item.route == "github.installation":
-            continue
-        if item.method in CONTENT_METHODS:
+        if item.route in ("github.access_token", "github.installation"):
+            continue  # credentials
+        if item.method in CONTENT_METHODS and item.route not in NOT_CONTENT_ROUTES:
             if item.status < 400:
                 writes += 1
                 kinds[item.route] += 1
@@ -258,8 +319,6 @@ async def measure(
             reads += 1
             read_kinds[item.route] += 1
     last = max((row.spent_at for row in review_writes), default=None)
-    from bot.clock import EPOCH
-
     return Run(
         forge=forge,
         reviews=reviews,
@@ -298,8 +357,9 @@ def render(runs: list[Run], *, requests: int, speed: float, seed: int) -> str:
         "and 500 an hour (403 with Retry-After past them), GitLab 300 a minute (429).",
         "",
         "| | reviews | posted | never posted | writes / review | reads / review"
-        " | 304s / review | refused (403/429) | last review posted (h) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        " | 304s / review | refused (403/429) | last review posted (h)"
+        " | heads with their final check run / status | last final state (h) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for run in runs:
         per = max(1, run.posted)
@@ -307,6 +367,7 @@ def render(runs: list[Run], *, requests: int, speed: float, seed: int) -> str:
             f"| {run.forge} | {run.reviews} | {run.posted} | {run.never_posted} |"
             f" {run.writes / per:.2f} | {run.reads / per:.2f} | {run.not_modified / per:.2f} |"
             f" {run.refused} | {run.last_posted_s / 3600:.2f} |"
+            f" {run.heads_final} of {run.heads} | {run.last_final_s / 3600:.2f} |"
         )
     lines += [
         "",

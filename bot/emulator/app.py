@@ -39,6 +39,7 @@ from bot.emulator.gitlab import (
     gitlab_users,
     gitlab_versions,
 )
+from bot.emulator.graphql import GRAPHQL_ROUTES
 from bot.emulator.hooks import HookTarget
 from bot.emulator.http import (
     GITHUB_REPO,
@@ -166,7 +167,13 @@ FORGE_ROUTES: tuple[Route, ...] = (
 
 # Quiet reviews' routes (edits, resolution, compare, contents) and check runs / commit
 # statuses live in their own modules.
-ROUTES: tuple[Route, ...] = (*FORGE_ROUTES, *QUIET_ROUTES, *CHECK_ROUTES, *ACTIVITY_ROUTES)
+ROUTES: tuple[Route, ...] = (
+    *FORGE_ROUTES,
+    *QUIET_ROUTES,
+    *CHECK_ROUTES,
+    *ACTIVITY_ROUTES,
+    *GRAPHQL_ROUTES,
+)
 
 
 def _authenticate(ctx: Context, route: Route) -> None:

@@ -14,8 +14,9 @@ from typing import Any
 
 # Requests that create or change content (GitHub counts them against the secondary limit).
 CONTENT_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
-# Routes that write but create no content on the forge (credentials).
-NOT_CONTENT_ROUTES = frozenset({"github.access_token"})
+# Routes sent with a writing method that create no content on the forge: credentials, and
+# GraphQL queries (the bot sends no mutation; only mutations create content).
+NOT_CONTENT_ROUTES = frozenset({"github.access_token", "github.graphql"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 from bot.diff import fence_for, parse_hunks, split_lines
 from bot.errors import ForgeError, LeaseLost
@@ -151,6 +151,26 @@ class RetryPolicy:
 # Reads for a review's context are worth one retry, not a planning delay: the review goes on
 # without them.
 READ_RETRY = RetryPolicy(attempts=2, base_delay_s=0.5, max_delay_s=2.0)
+
+
+@runtime_checkable
+class ReadsManyFiles(Protocol):
+    """A forge client that reads many files at one commit in one request (GitHub's GraphQL
+    API): planning then reads every file a review could use at once, where a client without
+    it reads them one request each, only as far as the prompts have room."""
+
+    async def read_files_at(
+        self,
+        repo: str,
+        paths: Sequence[str],
+        *,
+        ref: str,
+        blob_shas: Mapping[str, str | None],
+        installation_id: int | None = None,
+    ) -> Mapping[str, str | None]:
+        """Each path's text at commit `ref` (None when it is not there or not text), every
+        path answered. Raises ForgeError when the forge would not answer the request."""
+        ...
 
 
 class ForgeClient(Protocol):

@@ -6,7 +6,7 @@ import asyncio
 import base64
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -57,6 +57,13 @@ from bot.forges.base import (
     with_suggestion,
 )
 from bot.forges.blobs import BlobCache, decode_text
+from bot.forges.github_files import (
+    MAX_FILES_PER_QUERY,
+    files_answered,
+    files_query,
+    files_variables,
+    graphql_url,
+)
 from bot.forges.statuses import (
     GITHUB_DESCRIPTION_LIMIT,
     STATUS_NAME,
@@ -208,6 +215,8 @@ class GitHubClient:
         if token is None and (app_id is None or private_key is None):
             raise ConfigError("GitHub needs a token, or an App id and its private key")
         self._api = CurrentGitHubAPI(session, requester, base_url=base_url, cache=ReadCache())
+        self._session = session
+        self._graphql_url = graphql_url(base_url)
         self._token = token
         self._app_id = app_id
         self._private_key = private_key
@@ -492,6 +501,64 @@ class GitHubClient:
         if text is not None:
             self.blobs.put(str(answer.get("sha") or blob_sha or ""), text)
         return text
+
+    async def read_files_at(
+        self,
+        repo: str,
+        paths: Sequence[str],
+        *,
+        ref: str,
+        blob_shas: Mapping[str, str | None],
+        installation_id: int | None = None,
+    ) -> Mapping[str, str | None]:
+        """Each path's text at commit `ref`, in one GraphQL request per hundred files not in
+        the blob cache (bot/forges/github_files.py); None for a path that is not there or not
+        text. Raises ForgeError when GitHub will not answer the query."""
+        texts: dict[str, str | None] = {}
+        wanted: list[str] = []
+        for path in paths:
+            cached = self.blobs.get(blob_shas.get(path))
+            if cached is not None:
+                texts[path] = cached
+            else:
+                wanted.append(path)
+        owner, name = split_repo(repo)
+        for start in range(0, len(wanted), MAX_FILES_PER_QUERY):
+            batch = wanted[start : start + MAX_FILES_PER_QUERY]
+            variables = files_variables(owner, name, ref, batch)
+
+            async def query(
+                token: str, batch: Sequence[str] = batch, variables: dict[str, str] = variables
+            ) -> Any:
+                api = CurrentGitHubAPI(
+                    self._session,
+                    self._api.requester,
+                    oauth_token=token,
+                    base_url=self._api.base_url,
+                )
+                try:
+                    return await api.graphql(
+                        files_query(len(batch)), endpoint=self._graphql_url, **variables
+                    )
+                except gidgethub.GraphQLException as exc:
+                    # Refused or answered with errors: the same query would be again (a 5xx
+                    # comes as gidgethub's HTTPException and is retried as any read).
+                    raise ForgeError(
+                        f"GitHub's GraphQL API refused the file read: {exc}",
+                        status=int(getattr(exc, "status_code", 400)),
+                    ) from exc
+
+            data = await self._call(
+                "read_files", query, repo=repo, installation_id=installation_id, retry=READ_RETRY
+            )
+            answered = files_answered(
+                batch, data.get("repository") if isinstance(data, dict) else None
+            )
+            for path, (text, oid) in answered.items():
+                texts[path] = text
+                if text is not None:
+                    self.blobs.put(oid or blob_shas.get(path) or "", text)
+        return texts
 
     async def _explain_not_found(
         self, repo: str, number: int, error: ForgeNotFound, *, what: str

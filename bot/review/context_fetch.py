@@ -1,11 +1,12 @@
 """Read each reviewed file once at the head sha and keep the code around its changes with the
 chunks (the I/O shell around bot/review/code_context.py).
 
-Only the files whose context can reach a prompt are read: a chunk's prompt shows its files'
-contexts in order and drops them from the last (bot/review/prompt_context.py), so once the
-files read so far fill a chunk's allowance, the chunk's later files would be dropped unread
-as they would be dropped read. Each read is a forge request against a rate limit; a review
-of many files would otherwise spend most of its reads on text no prompt shows.
+A forge that reads many files in one request (GitHub, bot/forges/github_files.py) is asked
+for every file at once. Elsewhere each read is a request against a rate limit, and only the
+files whose context can reach a prompt are read: a chunk's prompt shows its files' contexts
+in order and drops them from the last (bot/review/prompt_context.py), so once the files read
+so far fill a chunk's allowance, the chunk's later files would be dropped unread as they
+would be dropped read.
 
 A file the forge will not serve (gone, too large, binary, a 5xx after one retry) is reviewed
 without context: the context helps a review, it never holds one up.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.errors import ForgeError
-from bot.forges.base import ForgeClient, PullChanges
+from bot.forges.base import ForgeClient, PullChanges, ReadsManyFiles
 from bot.model import ChunkPlan, Job
 from bot.review.code_context import build_file_context
 from bot.review.prompt_context import FileContext, fit_shared_context
@@ -106,8 +107,9 @@ async def read_sources(
     budget_tokens: int,
 ) -> ContextReads:
     """The head text of every file whose context can reach one of the chunks' prompts within
-    `budget_tokens` (each read at most once, chunks read side by side, a chunk's files in
-    order); failures leave a path out."""
+    `budget_tokens`: all in one request from a forge that reads many files at once, else each
+    read at most once, chunks side by side, a chunk's files in order; failures leave a path
+    out."""
     blobs = {change.path: change.blob_sha for change in changes.files}
     gate = asyncio.Semaphore(MAX_CONCURRENT_READS)
     failed = 0
@@ -144,6 +146,25 @@ async def read_sources(
         return path, text
 
     known: dict[str, str | None] = {}
+    if isinstance(client, ReadsManyFiles):
+        # Every file the chunks could use, in one request: reading one more costs nothing.
+        try:
+            known.update(
+                await client.read_files_at(
+                    job.repo,
+                    files_to_read(chunks),
+                    ref=changes.head_sha,
+                    blob_shas=blobs,
+                    installation_id=job.request.get("installation_id"),
+                )
+            )
+        except ForgeError as exc:
+            log.warning(
+                "job %s: the files could not be read in one request (%s); reading them one by one",
+                job.id,
+                exc,
+                extra={"action": "context_batch_failed", "job_id": job.id, "forge": job.forge},
+            )
     while wanted := next_reads(
         chunks,
         known,

@@ -183,8 +183,9 @@ async def test_the_prompt_shows_the_enclosing_function_and_the_pull_request(
     }
 
 
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
 async def test_one_review_reads_each_file_once_even_across_chunks(
-    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
+    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry, forge: str
 ) -> None:
     # One long file, 505 changed lines in five hunks far apart: over the 400-line budget, so
     # a first chunk of 100 lines and the rest in parts of the same file.
@@ -194,7 +195,12 @@ async def test_one_review_reads_each_file_once_even_across_chunks(
     for n in (10, 90, 170, 250, 330):
         head = head.replace(f"    return {n}\n", f"    return {n} + 1\n" * 100)
     pull = open_pull_from_trees(
-        emulator.state, "github", "acme/shop", 8, base={"big.py": base}, head={"big.py": head}
+        emulator.state,
+        forge,  # type: ignore[arg-type]
+        "acme/shop",
+        8,
+        base={"big.py": base},
+        head={"big.py": head},
     )
     _, backend = await review(store, db_url, forges, pull)
 
@@ -203,22 +209,16 @@ async def test_one_review_reads_each_file_once_even_across_chunks(
     for prompt in prompts:
         context = prompt[prompt.index(BEGIN_CONTEXT) : prompt.index("BEGIN UNTRUSTED DIFF")]
         assert any(f"def f{n}():" in context for n in (10, 90, 170, 250, 330))
-    assert emulator.state.count_requests("github.contents") == 1
+    if forge == "github":  # every file in one GraphQL request, none through the contents API
+        assert emulator.state.count_requests("github.graphql") == 1
+        assert emulator.state.count_requests("github.contents") == 0
+    else:
+        assert emulator.state.count_requests("gitlab.file") == 1
 
 
-@pytest.mark.parametrize(
-    ("forge", "route"), [("github", "github.contents"), ("gitlab", "gitlab.file")]
-)
-async def test_files_whose_context_no_prompt_has_room_for_are_not_read(
-    store: QueueStore,
-    db_url: str,
-    emulator: ForgeEmulator,
-    forges: ForgeRegistry,
-    forge: str,
-    route: str,
-) -> None:
-    # Twenty modules, each with a changed line inside a 30-line function: one chunk, whose
-    # context allowance holds a few of the functions, not twenty.
+def twenty_modules(emulator: ForgeEmulator, forge: str, number: int) -> EmulatedPull:
+    """Twenty modules, each with a changed line inside a 30-line function: one chunk, whose
+    context allowance holds a few of the functions, not twenty."""
     body = "".join(f"    step_{n} = prepare({n}, options)\n" for n in range(30))
     base = {
         f"pkg/mod{m:02}.py": f"def run_{m}(options):\n{body}    return step_0\n" for m in range(20)
@@ -227,27 +227,69 @@ async def test_files_whose_context_no_prompt_has_room_for_are_not_read(
         path: text.replace("step_15 = prepare(15", "step_15 = prepare(-15")
         for path, text in base.items()
     }
-    pull = open_pull_from_trees(
+    return open_pull_from_trees(
         emulator.state,
-        forge,
+        forge,  # type: ignore[arg-type]
         "acme/shop",
-        10,
+        number,
         base=base,
-        head=head,  # type: ignore[arg-type]
+        head=head,
     )
-    job_id, backend = await review(store, db_url, forges, pull)
 
+
+def shown_contexts(backend: RecordingBackend) -> int:
     (prompt,) = user_turns(backend)
     shown = prompt[prompt.index(BEGIN_CONTEXT) : prompt.index("BEGIN UNTRUSTED DIFF")]
-    shown_files = shown.count("Context: pkg/mod")
-    assert 1 <= shown_files < 20
+    return shown.count("Context: pkg/mod")
+
+
+async def test_a_forge_read_file_by_file_reads_only_what_a_prompt_has_room_for(
+    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
+) -> None:
+    job_id, backend = await review(store, db_url, forges, twenty_modules(emulator, "gitlab", 10))
+
+    shown = shown_contexts(backend)
+    assert 1 <= shown < 20
     job = await store.get_job(job_id)
     assert job is not None
     reads = job.request["context_reads"]
     # The files the prompt shows, and the one that showed the allowance was full; no more.
-    assert emulator.state.count_requests(route) == reads["requested"] == shown_files + 1
+    assert emulator.state.count_requests("gitlab.file") == reads["requested"] == shown + 1
     assert reads["skipped"] == 20 - reads["requested"]
-    assert emulator.state.posted(forge=forge, repo="acme/shop", number=10)  # type: ignore[arg-type]
+    assert emulator.state.posted(forge="gitlab", repo="acme/shop", number=10)
+
+
+async def test_github_reads_every_file_of_a_review_in_one_request(
+    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
+) -> None:
+    job_id, backend = await review(store, db_url, forges, twenty_modules(emulator, "github", 10))
+
+    # The prompt fits the same allowance in the same order as a forge read file by file.
+    assert 1 <= shown_contexts(backend) < 20
+    assert emulator.state.count_requests("github.graphql", status=200) == 1
+    assert emulator.state.count_requests("github.contents") == 0
+    job = await store.get_job(job_id)
+    assert job is not None
+    assert job.request["context_reads"] == {
+        "requested": 20,
+        "read": 20,
+        "failed": 0,
+        "skipped": 0,
+    }
+
+
+async def test_when_github_will_not_answer_the_one_request_the_files_are_read_one_by_one(
+    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
+) -> None:
+    pull = open_pull_from_trees(
+        emulator.state, "github", "acme/shop", 12, base=BASE, head=HEAD, title="Log the count"
+    )
+    emulator.state.add_fault("github.graphql", Fault.server_error(502), times=4)
+    _, backend = await review(store, db_url, forges, pull)
+
+    (prompt,) = user_turns(backend)
+    assert "\n10:     def apply_discount(self, percent: int) -> int:\n" in prompt
+    assert emulator.state.count_requests("github.contents") == 2
 
 
 @pytest.mark.parametrize(
@@ -276,6 +318,9 @@ async def test_a_file_the_forge_will_not_serve_is_reviewed_without_its_context(
         base=BASE,
         head=HEAD,  # type: ignore[arg-type]
     )
+    if forge == "github":
+        # GitHub's one request for every file fails first: the files are read one by one.
+        emulator.state.add_fault("github.graphql", Fault.server_error(502), times=4)
     emulator.state.add_fault(route, fault, times=4)  # every read of both files, and a retry
     job_id, backend = await review(store, db_url, forges, pull)
 

@@ -7,9 +7,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.clock import VirtualClock
-from bot.emulator import ForgeEmulator
+from bot.emulator import Fault, ForgeEmulator
 from bot.emulator.quiet import open_pull_from_trees
 from bot.emulator.repository import text_from_patch
+from bot.errors import ForgeError
+from bot.forges.base import ReadsManyFiles
 from bot.forges.registry import ForgeRegistry
 from bot.model import FileChange, Forge
 from tests.support.pipeline_helpers import emulator_forges
@@ -94,3 +96,46 @@ async def test_a_file_is_read_once_and_then_comes_from_the_blob_cache(
     assert emulator.state.count_requests(route) == 1
     # The default branch is still what a settings file is read from.
     assert await client.read_file_at("acme/shop", path, ref="main") == base[path]
+
+
+async def test_github_reads_many_files_at_a_commit_in_one_request(
+    emulator: ForgeEmulator, forges: ForgeRegistry
+) -> None:
+    paths = ["lib/C#/a b?.py", "src/app.py", "docs/readme.md"]
+    base = {path: f"# {path}\nx = 1\n" for path in paths}
+    head = {path: f"# {path}\nx = 2\n" for path in paths}
+    pull = open_pull_from_trees(emulator.state, "github", "acme/shop", 5, base=base, head=head)
+    client = forges["github"]
+    assert isinstance(client, ReadsManyFiles)
+    sha = pull.newest.head_sha
+    listed = {
+        item.path: item.blob_sha for item in (await client.fetch_changes("acme/shop", 5)).files
+    }
+
+    texts = await client.read_files_at(
+        "acme/shop", [*paths, "not/there.py"], ref=sha, blob_shas=listed
+    )
+    assert texts == {**head, "not/there.py": None}
+    assert emulator.state.count_requests("github.graphql", status=200) == 1
+    # Read once: the blob cache answers the next time, with no request.
+    assert await client.read_files_at("acme/shop", paths, ref=sha, blob_shas=listed) == head
+    assert emulator.state.count_requests("github.graphql") == 1
+    assert emulator.state.count_requests("github.contents") == 0
+
+
+async def test_github_refusing_the_files_query_is_a_forge_error(
+    emulator: ForgeEmulator, forges: ForgeRegistry
+) -> None:
+    pull = open_pull_from_trees(
+        emulator.state, "github", "acme/shop", 6, base={"a.py": "1\n"}, head={"a.py": "2\n"}
+    )
+    client = forges["github"]
+    assert isinstance(client, ReadsManyFiles)
+    sha = pull.newest.head_sha
+    emulator.state.add_fault("github.graphql", Fault(status=400, message="Problems parsing JSON"))
+    with pytest.raises(ForgeError, match="GraphQL"):
+        await client.read_files_at("acme/shop", ["a.py"], ref=sha, blob_shas={})
+    assert emulator.state.count_requests("github.graphql") == 1  # not repeated
+    assert await client.read_files_at("acme/shop", ["a.py"], ref=sha, blob_shas={}) == {
+        "a.py": "2\n"
+    }
