@@ -69,6 +69,7 @@ class ReviewPipeline:
             estimate=estimate,
             settings=self.planning,
             scope_review=self.scope_review,
+            planned=self.quiet.planned if self.quiet is not None else None,
         )
         for outcome in outcomes:
             if outcome.result == "planned" and outcome.chunks == 0 and not outcome.detail:

@@ -28,6 +28,7 @@ from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET, plan_
 from bot.review.context_fetch import read_sources, with_contexts
 from bot.review.deferral import RetryBudget, defer_or_fail
 from bot.review.narrow import ReviewScope
+from bot.review.planned_diffs import PlannedDiffs
 from bot.sched.cost import CostEstimate, ReviewFeatures, chunk_file_lines
 from bot.sched.mlfq import SchedulingPolicy, queue_ranks, rank_chunks
 
@@ -207,6 +208,7 @@ async def plan_one_job(
     estimate: CostEstimate | None = None,
     settings: PlanningSettings | None = None,
     scope_review: ScopeReview | None = None,
+    planned: PlannedDiffs | None = None,
 ) -> PlanningOutcome:
     """Plan one job; forge errors end it (404: cancelled) or defer it with a bounded backoff.
 
@@ -232,6 +234,7 @@ async def plan_one_job(
             installation_id=job.request.get("installation_id"),
         )
         scope = await scope_review(job, changes, now) if scope_review is not None else None
+        fetched = changes  # the whole pull request's diff (the scope may narrow `changes`)
     except ForgeNotFound as exc:
         reason = f"the change is gone on {job.forge}: {exc}"
         await store.finish_job(
@@ -323,6 +326,8 @@ async def plan_one_job(
             extra={"action": "lease_lost", **context},
         )
         return PlanningOutcome(job.id, "planned", detail="planned already by another process")
+    if planned is not None:
+        planned.keep(job.id, fetched)
     log.info(
         "job %s planned: %d chunks, %d files skipped",
         job.id,
@@ -373,6 +378,7 @@ async def claim_and_plan_jobs(
     estimate: CostEstimate | None = None,
     settings: PlanningSettings | None = None,
     scope_review: ScopeReview | None = None,
+    planned: PlannedDiffs | None = None,
 ) -> list[PlanningOutcome]:
     """Claim and plan up to `limit` unplanned jobs (their retry time reached); returns what
     happened."""
@@ -390,6 +396,7 @@ async def claim_and_plan_jobs(
             estimate=estimate,
             settings=settings,
             scope_review=scope_review,
+            planned=planned,
         )
         for job in jobs
     ]

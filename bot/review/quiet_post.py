@@ -32,6 +32,7 @@ from bot.review.living_summary import (
     SummaryFacts,
     render_living_summary,
 )
+from bot.review.planned_diffs import PlannedDiffs
 from bot.review.poster import (
     PostingOutcome,
     PostingSettings,
@@ -60,6 +61,8 @@ class QuietPosting:
 
     findings: FindingStore
     settings: QuietSettings = field(default_factory=QuietSettings)
+    # The diffs planning read in this process, so that a post need not read them again.
+    planned: PlannedDiffs = field(default_factory=PlannedDiffs)
 
 
 def quiet_posting(settings: Settings, store: QueueStore) -> QuietPosting | None:
@@ -328,12 +331,15 @@ async def _post(
     fingerprinted = fingerprint_findings(assembled.findings, patches)
     pull = PullRef(job.forge, job.repo, job.number)
     stored = await posting.findings.findings_of(pull)
-    current = await client.fetch_changes(
-        job.repo,
-        job.number,
-        project_id=job.request.get("project_id"),
-        installation_id=job.request.get("installation_id"),
-    )
+    reviewed_head = str((job.request.get("diff") or {}).get("head_sha") or job.head_sha)
+    current = posting.planned.take(job.id, head_sha=reviewed_head)
+    if current is None:  # planned in another process, or forgotten here
+        current = await client.fetch_changes(
+            job.repo,
+            job.number,
+            project_id=job.request.get("project_id"),
+            installation_id=job.request.get("installation_id"),
+        )
     quiet_settings = settings_for(job, posting.settings)
     decision = decide_quiet_review(
         fingerprinted,

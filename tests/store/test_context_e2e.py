@@ -20,6 +20,7 @@ from bot.model import JobState, Level, PolicyDecision
 from bot.pipeline import build_pipeline
 from bot.queue.findings import FindingStore
 from bot.queue.store import QueueStore
+from bot.review.planned_diffs import PlannedDiffs
 from bot.review.planner import PlanningSettings
 from bot.review.prompt_context import BEGIN_CONTEXT, BEGIN_PULL_REQUEST
 from bot.review.quiet_post import QuietPosting
@@ -103,7 +104,7 @@ async def review(
     forges: ForgeRegistry,
     pull: EmulatedPull,
     *,
-    quiet: bool = False,
+    quiet: QuietPosting | None = None,
 ) -> tuple[int, RecordingBackend]:
     """Submit the pull's review, run one dispatcher until it is done (posted as quiet reviews
     are, as `bot serve` posts by default, with `quiet`); the job and the model."""
@@ -125,7 +126,7 @@ async def review(
             mlfq=MlfqSettings(reserved_slots=0),
         ),
         planning=PlanningSettings(context_tokens=1536),
-        quiet=QuietPosting(FindingStore(store.connector)) if quiet else None,
+        quiet=quiet,
     )
     runner = asyncio.create_task(pipeline.dispatcher.run(database_url=db_url))
 
@@ -335,16 +336,23 @@ async def test_a_file_the_forge_will_not_serve_is_reviewed_without_its_context(
     assert reads["failed"] == (0 if fault.status == 404 else 2)
 
 
-async def test_an_unchanged_pull_request_is_read_in_full_once_then_answers_304(
-    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
+@pytest.mark.parametrize("kept", [True, False])
+async def test_a_review_reads_the_pull_request_once_and_a_re_read_answers_304(
+    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry, kept: bool
 ) -> None:
     pull = open_pull_from_trees(
         emulator.state, "github", "acme/shop", 11, base=BASE, head=HEAD, title="Log the count"
     )
-    await review(store, db_url, forges, pull, quiet=True)
+    # Not kept: as when another process posts, or this one forgot the diff planning read.
+    planned = PlannedDiffs() if kept else PlannedDiffs(max_chars=0)
+    quiet = QuietPosting(FindingStore(store.connector), planned=planned)
+    await review(store, db_url, forges, pull, quiet=quiet)
 
+    assert emulator.state.posted(forge="github", repo="acme/shop", number=11)
     for route in ("github.pull", "github.files"):
         full = emulator.state.count_requests(route, status=200)
         not_modified = emulator.state.count_requests(route, status=304)
-        # Planning reads it; posting asks again with the ETag and gets 304 (no primary limit).
-        assert (full, not_modified) == (1, 1), route
+        # Planning reads it; the post takes planning's diff, or asks again with the ETag and
+        # gets 304 (which GitHub's primary rate limit does not count).
+        assert (full, not_modified) == (1, 0 if kept else 1), route
+    assert len(planned) == 0  # taken by the post
