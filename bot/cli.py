@@ -491,10 +491,14 @@ def error_line(error: Exception, *, database_url: str | None) -> str | None:
 
 
 def closed_stdout() -> int:
-    """Exit status 141 (128 + SIGPIPE, what a shell reports for `yes | head -1`) when the
-    reader of standard output went away, without a traceback; Python's recipe: point stdout
-    at /dev/null so the flush at exit does not fail again."""
+    """Exit status 2 with one line on stderr, as for any command that cannot run as asked,
+    when the reader of standard output went away: a report cut short is said, not silent.
+    Python's recipe: point stdout at /dev/null so the flush at exit does not fail again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return 141
+    print(CLOSED_STDOUT, file=sys.stderr)
+    return 2
+
+
+CLOSED_STDOUT = "bot: error: standard output was closed before the command finished writing"

@@ -2,7 +2,7 @@
 
 An invalid setting or a taken port stops `bot serve` before it migrates the database; a
 database, role or address that cannot be used is named (password masked) by every command
-that connects; a reader that closes standard output early ends a command with 141, quietly.
+that connects; a reader that closes standard output early ends a command the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
+from bot.cli import CLOSED_STDOUT
 from bot.database_url import database_url_with_name, plain_url
 from bot.sim.shapes import generated_trace
 from bot.sim.trace import dump_trace
@@ -227,13 +228,13 @@ def closed_early(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(process.args, returncode, "", stderr)
 
 
-def test_a_closed_stdout_ends_settings_quietly_with_141() -> None:
+def test_a_closed_stdout_ends_settings_with_one_line_and_2() -> None:
     done = closed_early("settings", env={})
-    assert (done.returncode, done.stderr) == (141, "")
+    assert (done.returncode, done.stderr) == (2, CLOSED_STDOUT + "\n")
 
 
-def test_a_closed_stdout_ends_a_report_quietly_with_141(db_url: str) -> None:
+def test_a_closed_stdout_ends_a_report_with_one_line_and_2(db_url: str) -> None:
     done = closed_early(
         "--log-level", "WARNING", "report", "waits", "--format", "csv", env={"DATABASE_URL": db_url}
     )
-    assert (done.returncode, done.stderr) == (141, "")
+    assert (done.returncode, done.stderr) == (2, CLOSED_STDOUT + "\n")
