@@ -416,8 +416,10 @@ class StatusPublisher:
         result.reasons[item.reason] += 1
         if item.reason not in NEWS_FREE:
             self.news_written.setdefault(row.forge, deque()).append(now)
-        await self._record(row, report, written, now)
-        if item.owed:
+        recorded = await self._record(row, report, written, now)
+        if item.owed and recorded:
+            # Only the leader settles what it owes: a write that went out just before its lease
+            # was taken over leaves the debt to the new leader, which writes it once more.
             await self._settle(row)
         log.info(
             "status of job %s: %s (%s)",
@@ -464,9 +466,10 @@ class StatusPublisher:
 
     async def _record(
         self, row: Any, report: StatusReport, written: StatusWritten, now: datetime
-    ) -> None:
+    ) -> bool:
+        """Remember a write; whether it was recorded (not when this attempt no longer leads)."""
         try:
-            await self.connector.write(
+            recorded = await self.connector.write(
                 sql.RECORD_REPORT,
                 {
                     "job_id": int(row.id),
@@ -496,6 +499,17 @@ class StatusPublisher:
                 exc,
                 extra={"action": "status_record_failed", "job_id": int(row.id)},
             )
+            return False
+        if not recorded:
+            log.warning(
+                "status of job %s (publisher attempt %s) written as the lease was taken over:"
+                " not recorded, the new leader writes it",
+                row.id,
+                self.attempt,
+                extra={"action": "lease_lost", "job_id": int(row.id)},
+            )
+            return False
+        return True
 
     async def run(self, stop: asyncio.Event, *, database_url: str | None = None) -> None:
         """Pass after pass until `stop`: at once when a job changes state (LISTEN on the

@@ -530,6 +530,40 @@ async def test_a_publisher_resuming_after_a_takeover_writes_and_records_nothing(
     ]
 
 
+async def test_a_final_status_written_as_the_lease_is_taken_over_stays_owed_to_the_new_leader(
+    store: QueueStore, emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    """The stale publisher's final write reaches the forge just as its lease is taken over, and
+    the new leader's first try at it fails: the job stays owed until the new leader has written
+    and recorded its final status (the stale pass's record is fenced, so it settles nothing)."""
+    pull = emulator.state.add_pull("github", REPO, 23, files=FILES)
+    job = await queue_job(store, clock, pull, 40)
+    await run_job(store, clock, {"counts": {}, "url": "https://example.test/r"})
+    stalling = _StallsAfterFirstWrite(token_client(emulator, session, clock))
+    stale = publisher(store, {"github": stalling}, clock)
+    once = GitHubClient(session, base_url=emulator.github_url, token=GITHUB_TOKEN, clock=clock.now,
+                        sleep=clock.sleep, post_interval_s=0.0,
+                        retry=RetryPolicy(attempts=1))  # fmt: skip
+    fresh = publisher(store, {"github": once}, clock)
+    paused = asyncio.create_task(stale.publish_once(clock.now()))
+    await wait_until(
+        lambda: _is_set(stalling.stalled), timeout_s=10, what="the stale write on the wire"
+    )
+    clock.advance(stale.settings.lease_s + 1)
+    emulator.state.add_fault("github.statuses.create", Fault.server_error(502), times=1)
+    assert (await fresh.publish_once(clock.now())).failed == 1
+    stalling.resume.set()
+    assert (await paused).written == 1  # the forge took it; its record is fenced
+    async with store.engine.connect() as conn:
+        owed = (await conn.execute(text("SELECT job_id FROM status_outbox"))).scalars().all()
+    assert owed == [job]
+    assert (await fresh.publish_once(clock.now())).written == 1
+    async with store.engine.connect() as conn:
+        owed = (await conn.execute(text("SELECT job_id FROM status_outbox"))).scalars().all()
+        rows = (await conn.execute(text("SELECT job_id, state FROM status_reports"))).all()
+    assert owed == [] and [tuple(row) for row in rows] == [(job, "completed")]
+
+
 async def _is_set(event: asyncio.Event) -> bool:
     return event.is_set()
 

@@ -111,8 +111,9 @@ SELECT_HEAD_STATES = statement(
     """
 )
 
-# Remember what was written (only while the writing attempt holds the publisher's lease); the
-# first write keeps its ETA as the one given at enqueue.
+# Remember what was written (only while the writing attempt holds the publisher's lease: no row
+# comes back when another has taken it over); the first write keeps its ETA as the one given
+# at enqueue.
 RECORD_REPORT = statement(
     """
     INSERT INTO status_reports (job_id, forge, repo, head_sha, kind, external_id, state, level,
@@ -129,6 +130,7 @@ RECORD_REPORT = statement(
         finish_at = EXCLUDED.finish_at, parts_done = EXCLUDED.parts_done,
         parts_total = EXCLUDED.parts_total, conclusion = EXCLUDED.conclusion,
         published_at = EXCLUDED.published_at, writes = status_reports.writes + 1
+    RETURNING job_id
     """
 )
 
