@@ -122,6 +122,9 @@ class ReviewToPost:
     head_sha: str | None = None
     base_sha: str | None = None
     start_sha: str | None = None
+    # No earlier attempt of the job can have posted it (its first posting claim): the forge
+    # is not searched for it first. A lost answer to the write itself is still looked up.
+    first_attempt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -623,7 +623,9 @@ class GitHubClient:
 
     async def _post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview:
         marker = render_marker(review.job_id)
-        existing = await self.find_posted_review(repo, number, marker)
+        existing = (
+            None if review.first_attempt else await self.find_posted_review(repo, number, marker)
+        )
         if existing is not None:
             logger.info(
                 "review for job %s already posted as %s",

@@ -414,7 +414,7 @@ class GitLabClient:
 
     async def _post_review(self, repo: str, number: int, review: ReviewToPost) -> PostedReview:
         marker = render_marker(review.job_id)
-        notes = await self._list_notes(repo, number)
+        notes = [] if review.first_attempt else await self._list_notes(repo, number)
         for note in notes:
             body = str(note.get("body") or "")
             if marker in body and note.get("type") != "DiffNote":

@@ -294,7 +294,8 @@ class GitLabQuiet:
     async def post_findings(self, repo: str, number: int, review: ReviewToPost) -> PostedFindings:
         """One discussion per finding on its diff line; what a retry finds posted is kept."""
         existing: dict[tuple[str, str | None], str] = {}
-        for discussion in await self._discussions(repo, number):
+        found = [] if review.first_attempt else await self._discussions(repo, number)
+        for discussion in found:
             notes = discussion.get("notes") or []
             if notes:
                 first = notes[0]

@@ -73,6 +73,16 @@ class ReviewedHead:
     increment: dict[str, Any] | None
 
 
+@dataclass(frozen=True, slots=True)
+class PriorPosting:
+    """Another job of the pull request that claimed posting: how it ended (its state) and the
+    summary comment it recorded, if it posted one."""
+
+    job_id: int
+    state: str
+    summary_comment_id: int | None
+
+
 class FindingStore:
     """Findings per pull request over the queue's database; the connector only runs the SQL."""
 
@@ -176,6 +186,18 @@ class FindingStore:
         rows = await self._rows(sql.SELECT_REVIEWED_HEADS, pull.params)
         return [ReviewedHead(row.id, row.head_sha, row.finished_at, row.increment) for row in rows]
 
+    async def prior_postings(self, pull: PullRef, *, job_id: int) -> list[PriorPosting]:
+        """The pull request's other jobs that ever claimed posting, oldest first."""
+        rows = await self._rows(sql.SELECT_PRIOR_POSTINGS, {**pull.params, "job_id": job_id})
+        return [
+            PriorPosting(
+                int(row.id),
+                str(row.state),
+                int(row.summary_comment_id) if row.summary_comment_id is not None else None,
+            )
+            for row in rows
+        ]
+
     async def review_underway(self, pull: PullRef, *, job_id: int) -> int | None:
         """An older review of the same pull request still underway (its id), or None."""
         rows = await self._rows(sql.SELECT_REVIEW_UNDERWAY, {**pull.params, "job_id": job_id})
@@ -194,4 +216,4 @@ class FindingStore:
         return ReviewedHead(row.id, row.head_sha, row.finished_at, row.increment)
 
 
-__all__ = ["FindingStore", "FindingToRecord", "PullRef", "ReviewedHead"]
+__all__ = ["FindingStore", "FindingToRecord", "PriorPosting", "PullRef", "ReviewedHead"]

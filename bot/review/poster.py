@@ -6,7 +6,7 @@ import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -265,7 +265,13 @@ async def post_job_review(
     assembled: AssembledReview | None = None
     client.use_installation(job.repo, job.request.get("installation_id"))
     try:
-        existing = await client.find_posted_review(job.repo, job.number, render_marker(job.id))
+        # Only an earlier attempt can have posted this job's review: a first one does not look.
+        first_attempt = fence.attempt == 1
+        existing = (
+            None
+            if first_attempt
+            else await client.find_posted_review(job.repo, job.number, render_marker(job.id))
+        )
         if existing is not None:
             # Posted before a crash kept us from recording it: record it, never post twice.
             if not await store.finish_job(
@@ -287,6 +293,7 @@ async def post_job_review(
         review, assembled = build_review(
             job, await store.chunk_results(job.id), max_comments=settings.max_comments
         )
+        review = replace(review, first_attempt=first_attempt)
         # The forge write only while this attempt still holds the claim (and the job is live).
         if not await held():
             return lease_lost(job.id, fence, forge=job.forge)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from bot.budget.intent import WriteIntent, writing
 from bot.clock import Clock
 from bot.config import Settings
-from bot.errors import ForgeError, LeaseLost
+from bot.errors import ForgeError, ForgeNotFound, LeaseLost
 from bot.forges.base import ForgeClient, ReviewToPost, append_marker, guarded_writes
 from bot.forges.quiet import PostedFindings, QuietForge, quiet_forge_for
 from bot.model import Chunk, Job, JobState
@@ -45,6 +45,7 @@ from bot.review.poster import (
 )
 from bot.review.quiet_plan import QuietDecision, QuietSettings, decide_quiet_review
 from bot.review.repo_settings import EXCLUDED
+from bot.review.summary_place import LOOK_IT_UP, SummaryPlace, summary_place
 
 log = logging.getLogger(__name__)
 
@@ -227,14 +228,37 @@ def _with_note(reasons: list[str], note: Any) -> list[str]:
 
 
 async def upsert_summary(
-    quiet: QuietForge, job: Job, body: str, *, still_held: StillHeld | None = None
+    quiet: QuietForge,
+    job: Job,
+    body: str,
+    *,
+    still_held: StillHeld | None = None,
+    place: SummaryPlace = LOOK_IT_UP,
 ) -> int:
     """Edit the pull request's summary in place, or create it the first time.
 
     The body carries the job's marker, so a later attempt at the same job finds it written.
-    `still_held` is asked right before the forge write; LeaseLost when it says no.
+    `still_held` is asked right before the forge write; LeaseLost when it says no. Where
+    `place` is known the forge's comments are not searched; a known summary that is gone
+    (deleted by hand) is looked for, then written anew.
     """
     body = append_marker(body, job.id)
+    if place.known:
+        if still_held is not None and not await still_held():
+            raise LeaseLost(f"job {job.id}: the posting claim was taken over")
+        if place.comment_id is None:
+            return await quiet.create_summary(job.repo, job.number, body)
+        try:
+            await quiet.edit_summary(job.repo, job.number, place.comment_id, body)
+        except ForgeNotFound:
+            log.info(
+                "job %s: summary comment %s is gone; looking for it",
+                job.id,
+                place.comment_id,
+                extra={"action": "summary_gone", "job_id": job.id},
+            )
+        else:
+            return place.comment_id
     existing = await quiet.find_summary(job.repo, job.number)
     if existing is not None and existing.body.strip() == body.strip():
         return existing.id
@@ -351,9 +375,9 @@ async def _post(
     posted: PostedFindings | None = None
     if decision.inline:
         await check()
-        posted = await quiet.post_findings(
-            job.repo, job.number, inline_review(job, decision, chunks)
-        )
+        # A first attempt cannot have posted the findings already: no search for them.
+        review = replace(inline_review(job, decision, chunks), first_attempt=fence.attempt == 1)
+        posted = await quiet.post_findings(job.repo, job.number, review)
     await posting.findings.record(
         pull, findings_to_record(decision, posted), job_id=job.id, now=now, fence=fence
     )
@@ -389,7 +413,8 @@ async def _post(
             refused=posted.rejected if posted is not None else (),
         )
     )
-    summary_id = await upsert_summary(quiet, job, body, still_held=still_held)
+    place = summary_place(fence.attempt, await posting.findings.prior_postings(pull, job_id=job.id))
+    summary_id = await upsert_summary(quiet, job, body, still_held=still_held, place=place)
     return {
         "forge_review_id": posted.review_id if posted is not None else None,
         "summary_comment_id": summary_id,

@@ -165,7 +165,7 @@ async def test_old_gitlab_that_serves_neither_diffs_nor_changes_fails_the_job_wi
     assert "which exists" in (job.last_error or "")
 
 
-async def test_a_404_on_the_notes_of_an_existing_mr_fails_the_post_instead_of_cancelling(
+async def test_a_404_on_the_summary_note_of_an_existing_mr_fails_the_post_instead_of_cancelling(
     store: QueueStore, emulator: ForgeEmulator, forges: ForgeRegistry, clock: VirtualClock
 ) -> None:
     emulator.state.add_pull("gitlab", REPO, 7, files=[SMELLY])
@@ -175,14 +175,15 @@ async def test_a_404_on_the_notes_of_an_existing_mr_fails_the_post_instead_of_ca
         "planned"
     ]
     await run_all_chunks(store, SimulatedBackend(), clock)
-    emulator.state.add_fault("gitlab.notes.list", Fault(status=404, message="404 Not Found"))
+    # A first posting attempt writes without looking for an earlier one's notes.
+    emulator.state.add_fault("gitlab.notes.create", Fault(status=404, message="404 Not Found"))
 
     outcome = await post_job_review(store, forges, job_id, now=clock.now())
 
     assert outcome.result == "failed", outcome
     job = await store.get_job(job_id)
     assert job is not None and job.state == JobState.FAILED
-    assert "404 to /notes" in (job.last_error or "")
+    assert "404 to a review post of merge request" in (job.last_error or "")
 
 
 async def test_a_merge_request_without_a_diff_version_yet_is_retried_not_cancelled(
@@ -204,7 +205,7 @@ async def test_a_merge_request_without_a_diff_version_yet_is_retried_not_cancell
     assert raised.value.retryable
 
 
-async def test_a_404_on_the_reviews_of_an_existing_pull_request_fails_instead_of_cancelling(
+async def test_a_404_on_the_review_post_of_an_existing_pull_request_fails_instead_of_cancelling(
     store: QueueStore, emulator: ForgeEmulator, forges: ForgeRegistry, clock: VirtualClock
 ) -> None:
     pull = emulator.state.add_pull("github", "acme/shop", 9, files=[SMELLY])
@@ -218,14 +219,16 @@ async def test_a_404_on_the_reviews_of_an_existing_pull_request_fails_instead_of
         "planned"
     ]
     await run_all_chunks(store, SimulatedBackend(), clock)
-    emulator.state.add_fault("github.reviews.list", Fault(status=404, message="Not Found"))
+    emulator.state.add_fault("github.reviews.create", Fault(status=404, message="Not Found"))
 
     outcome = await post_job_review(store, forges, submitted.job_id, now=clock.now())
 
     assert outcome.result == "failed", outcome
     job = await store.get_job(submitted.job_id)
     assert job is not None and job.state == JobState.FAILED
-    assert "404 to /reviews of pull request acme/shop#9, which exists" in (job.last_error or "")
+    assert "404 to a review post of pull request acme/shop#9, which exists" in (
+        job.last_error or ""
+    )
     assert emulator.state.count_requests("github.pull", status=200) >= 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -104,9 +105,12 @@ async def test_a_crash_between_post_and_commit_never_duplicates(
     job_id = await reviewed_job(store, forges, book, clock, pull)
     job = await store.get_job(job_id)
     assert job is not None
-    # The review reached GitHub, then the process died before finish_job.
+    # The review reached GitHub under a posting claim, then the process died before
+    # finish_job; the claim runs out and recovery's attempt looks for the review first.
+    assert await store.claim_posting(job_id, owner="died", now=clock.now(), lease_s=60)
     review, _ = build_review(job, await store.chunk_results(job_id))
-    await forges["github"].post_review(pull.repo, pull.number, review)
+    await forges["github"].post_review(pull.repo, pull.number, replace(review, first_attempt=True))
+    clock.advance(61)
     assert [j.id for j in await store.unposted_jobs(now=clock.now())] == [job_id]
 
     outcomes = await ReviewPipeline(store, forges, book).recover(clock.now())
@@ -161,9 +165,14 @@ async def test_forge_faults_end_in_exactly_one_review(
 ) -> None:
     pull = emulator.state.add_pull("github", "acme/shop", 14, files=[SMELLY])
     job_id = await reviewed_job(store, forges, book, clock, pull)
+    if route == "github.reviews.list":
+        # Only an attempt after one that ran out looks for an earlier review.
+        assert await store.claim_posting(job_id, owner="died", now=clock.now(), lease_s=60)
+        clock.advance(61)
     emulator.state.add_fault(route, fault)
 
     outcome = await post_job_review(store, forges, job_id, now=clock.now())
+    assert not emulator.state.faults[route]  # the fault was met
 
     assert outcome.result in ("posted", "already_posted")
     assert len(reviews_of(emulator, pull)) == 1
@@ -211,10 +220,9 @@ async def test_a_deleted_pull_request_cancels_and_a_refusal_fails(
     gone_id = await reviewed_job(store, forges, book, clock, gone)
     refused_id = await reviewed_job(store, forges, book, clock, refused)
     del emulator.state.pulls[("github", "acme/shop", 16)]
+    cancelled = await post_job_review(store, forges, gone_id, now=clock.now())
     refusal = Fault(status=403, message="Resource not accessible by integration")
     emulator.state.add_fault("github.reviews.create", refusal)
-
-    cancelled = await post_job_review(store, forges, gone_id, now=clock.now())
     failed = await post_job_review(store, forges, refused_id, now=clock.now())
 
     assert cancelled.result == "cancelled" and failed.result == "failed"

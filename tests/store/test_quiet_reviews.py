@@ -576,3 +576,42 @@ async def test_a_push_while_a_review_runs_lets_it_finish_and_reviews_what_came_a
     said = inline_bodies(emulator, pull)
     assert len(said) == 2 and all("unsafe" in body for body in said)  # core.py, then run.py
     assert len(summaries(emulator, pull)) == 1
+
+
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
+async def test_a_review_finds_its_summary_from_the_queue_not_by_reading_the_comments(
+    bot: QuietBot, emulator: ForgeEmulator, store: QueueStore, forge: str
+) -> None:
+    """Reviews of an opened pull request and of the pushes after it never list the comments,
+    reviews or discussions to find what they wrote: the first creates the summary, the next
+    edit it by the id the queue recorded. A summary deleted by hand is looked for, then
+    written anew."""
+    repo = "acme/shop" if forge == "github" else "acme/platform/api"
+    pull = emulator.state.add_pull(forge, repo, 8, files=[HANDLER_V1])  # type: ignore[arg-type]
+    lookups = (
+        ("github.comments.list", "github.reviews.list")
+        if forge == "github"
+        else ("gitlab.notes.list", "gitlab.discussions.list")
+    )
+
+    def looked() -> int:
+        return sum(emulator.state.count_requests(route) for route in lookups)
+
+    first = await bot.send(pull, action="opened")
+    await bot.review()
+    assert inline_bodies(emulator, pull) and len(summaries(emulator, pull)) == 1
+    assert looked() == 0
+    await bot.push(pull, [HANDLER_V1, UTILS])
+    [summary] = summaries(emulator, pull)
+    assert summary_edits(emulator, pull) == 1 and "0 new" in summary["body"]
+    assert summary["id"] == (await posted_record(store, first))["summary_comment_id"]
+    assert looked() == 0
+
+    # Deleted by hand: the edit finds nothing (404), the comments are read, a new one is written.
+    kept = pull.comments if forge == "github" else pull.notes
+    kept[:] = [item for item in kept if SUMMARY_MARKER not in str(item.get("body") or "")]
+    third = await bot.push(pull, [HANDLER_V2, UTILS])
+    [summary] = summaries(emulator, pull)
+    assert "1 resolved" in summary["body"]
+    assert summary["id"] == (await posted_record(store, third))["summary_comment_id"]
+    assert emulator.state.count_requests(lookups[0]) == 1

@@ -244,6 +244,13 @@ async def test_a_stale_planning_attempt_stores_no_plan(
     assert [chunk.lines for chunk in await store.chunk_results(fresh.id)] == [10, 20]
 
 
+async def an_earlier_attempt_ran_out(store: QueueStore, job_id: int, clock: VirtualClock) -> None:
+    """A poster claimed the job and died before it wrote anything: the attempts after it look
+    on the forge for the review first (a first attempt has nothing to look for)."""
+    assert await store.claim_posting(job_id, owner="died", now=clock.now(), lease_s=LEASE_S)
+    clock.advance(LEASE_S + 1)
+
+
 @pytest.mark.parametrize("pause", ["before the post", "post on the wire"])
 async def test_a_poster_resuming_after_a_takeover_posts_and_records_nothing(
     pause: str,
@@ -256,6 +263,7 @@ async def test_a_poster_resuming_after_a_takeover_posts_and_records_nothing(
     number = 10 if pause == "before the post" else 11
     pull = emulator.state.add_pull("github", "acme/shop", number, files=[SMELLY])
     job_id = await reviewed_job(store, forges, book, clock, pull)
+    await an_earlier_attempt_ran_out(store, job_id, clock)
     # The stale poster hangs on the forge (a paused process looks the same from outside):
     # after its look for an earlier review found none, or after the forge took its review.
     route = "github.reviews.list" if pause == "before the post" else "github.reviews.create"
@@ -298,6 +306,7 @@ async def test_a_poster_resuming_after_its_claim_ran_out_writes_nothing_even_bef
 ) -> None:
     pull = emulator.state.add_pull("github", "acme/shop", 12, files=[SMELLY])
     job_id = await reviewed_job(store, forges, book, clock, pull)
+    await an_earlier_attempt_ran_out(store, job_id, clock)
     # Paused on its look for an earlier review, past its lease; nobody has taken over yet, so
     # only the claim's expiry can stop it (another poster may claim it any moment now).
     route = "github.reviews.list"

@@ -334,8 +334,10 @@ async def test_a_dispatcher_killed_mid_burst_loses_and_repeats_nothing(
 ) -> None:
     state = emulator.state
     if point == "before posting":
-        # Looking for an earlier review is slow: jobs wait, claimed, between chunks and post.
-        for route in ("github.reviews.list", "gitlab.notes.list"):
+        # The forge is slow to take a review (a first attempt looks for no earlier one): jobs
+        # wait, claimed, with nothing on the forge yet. A review the victim sent just before it
+        # died may still land, well inside the lease; the survivor's attempt finds it.
+        for route in ("github.reviews.create", "gitlab.notes.create", "gitlab.discussions.create"):
             state.add_fault(route, Fault.slow(1.5), times=40)
     elif point == "post on the wire":
         # The forge takes the review at once and answers late: the poster dies in between.

@@ -64,6 +64,18 @@ SELECT_REVIEWED_HEADS = statement(
     """
 )
 
+# The pull request's other jobs that ever claimed posting, with the summary comment a posted
+# one recorded: where the living summary is, without searching the forge's comments.
+SELECT_PRIOR_POSTINGS = statement(
+    """
+    SELECT id, state, review->>'summary_comment_id' AS summary_comment_id
+    FROM review_jobs
+    WHERE forge = :forge AND repo = :repo AND number = :number AND id <> :job_id
+      AND posting_attempt > 0
+    ORDER BY id
+    """
+)
+
 # The newest posted review of a pull request other than :job_id: the head a next review
 # starts from.
 SELECT_LAST_REVIEWED = statement(
