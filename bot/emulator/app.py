@@ -283,7 +283,7 @@ def create_emulator_app(
                     route = candidate
                     params = {key: unquote(value) for key, value in match.groupdict().items()}
                     break
-        forge: Forge = "gitlab" if raw_path.startswith("/api/v4/") else "github"
+        forge: Forge = "gitlab" if raw_path.startswith(("/api/v4/", "/api/graphql")) else "github"
         ctx = Context(state, request, params, forge, base_url)
         try:
             if route is None:

@@ -1,7 +1,9 @@
-"""GitHub's GraphQL endpoint, for the one query the bot sends: files at a commit, each an
-aliased `object(expression: $eN) { ... on Blob { ... } }` in `repository(owner:, name:)`
-(bot/forges/github_files.py). Any other query is answered as GitHub answers a query it cannot
-run: 200 with `errors`, so the bot's fallback to the REST contents API is exercised too."""
+"""GitHub's and GitLab's GraphQL endpoints, for the one query the bot sends each: files at a
+commit. On GitHub each file is an aliased `object(expression: $eN) { ... on Blob { ... } }` in
+`repository(owner:, name:)` (bot/forges/github_files.py); on GitLab the paths go to
+`project(fullPath:) { repository { blobs(paths:, ref:) } }` (bot/forges/gitlab_files.py). Any
+other query is answered as the forges answer a query they cannot run: 200 with `errors`, so
+the bot's fallback to reading file by file is exercised too."""
 
 from __future__ import annotations
 
@@ -64,6 +66,48 @@ async def _github_graphql(ctx: Context) -> Any:
     return {"data": {"repository": found}}
 
 
-GRAPHQL_ROUTES = (define_route("github.graphql", "POST", "/graphql", _github_graphql, "github"),)
+GITLAB_PROJECT = re.compile(r"project\(\s*fullPath:\s*\$project\s*\)")
+GITLAB_BLOBS = re.compile(r"blobs\(\s*paths:\s*\$paths\s*,\s*ref:\s*\$ref\b")
+
+
+def _gitlab_blob(path: str, text: str) -> dict[str, Any]:
+    data = text.encode()
+    return {
+        "path": path,
+        "oid": blob_sha(text),
+        "size": str(len(data)),  # GitLab's BigInt travels as a string
+        "rawTextBlob": None if b"\0" in data[:8192] else text,
+    }
+
+
+async def _gitlab_graphql(ctx: Context) -> Any:
+    body = await ctx.json()
+    if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+        return {"errors": [{"message": "No query string was present"}]}
+    query = str(body["query"])
+    variables = body.get("variables") or {}
+    if not (
+        isinstance(variables, dict) and GITLAB_PROJECT.search(query) and GITLAB_BLOBS.search(query)
+    ):
+        return {"errors": [{"message": "this emulator answers only the blobs-at-a-ref query"}]}
+    project, ref, paths = variables.get("project"), variables.get("ref"), variables.get("paths")
+    if not isinstance(ref, str) or not isinstance(paths, list):
+        return {
+            "errors": [{"message": "Variable $paths of type [String!]! was provided invalid value"}]
+        }
+    if project not in ctx.state.projects:
+        return {"data": {"project": None}}  # GitLab's answer for a project it does not show
+    nodes = []
+    for path in paths:
+        text = file_at(ctx.state, str(project), str(path), ref)
+        if text is not None:
+            nodes.append(_gitlab_blob(str(path), text))
+    return {"data": {"project": {"repository": {"blobs": {"nodes": nodes}}}}}
+
+
+GRAPHQL_ROUTES = (
+    define_route("github.graphql", "POST", "/graphql", _github_graphql, "github"),
+    define_route("gitlab.graphql", "POST", "/api/graphql", _gitlab_graphql, "gitlab"),
+)
 
 __all__ = ["GRAPHQL_ROUTES"]

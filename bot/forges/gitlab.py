@@ -8,7 +8,7 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
@@ -46,6 +46,8 @@ from bot.forges.base import (
     with_suggestion,
 )
 from bot.forges.blobs import BlobCache, decode_text
+from bot.forges.gitlab_files import BLOBS_QUERY, blobs_answered, blobs_variables, graphql_url
+from bot.forges.gitlab_files import MAX_FILES_PER_QUERY as GRAPHQL_FILES_PER_QUERY
 from bot.forges.statuses import (
     GITLAB_DESCRIPTION_LIMIT,
     STATUS_NAME,
@@ -320,11 +322,59 @@ class GitLabClient:
         text = decode_text(data)
         blob_id = str(answer.get("blob_id") or "")
         if text is not None and blob_id:
-            self._blob_ids[(project, ref, path)] = blob_id
-            if len(self._blob_ids) > MAX_BLOB_IDS:
-                self._blob_ids.popitem(last=False)
-            self.blobs.put(blob_id, text)
+            self._remember_blob(project, ref, path, blob_id, text)
         return text
+
+    async def read_files_at(
+        self,
+        repo: str,
+        paths: Sequence[str],
+        *,
+        ref: str,
+        blob_shas: Mapping[str, str | None],
+        installation_id: int | None = None,
+    ) -> Mapping[str, str | None]:
+        """Each path's text at commit `ref`, in one GraphQL request per hundred files not in
+        the blob cache (bot/forges/gitlab_files.py); None for a path that is not there or not
+        text. Raises ForgeError when GitLab will not answer the query (an older GitLab, a
+        token without the scope): the caller then reads file by file."""
+        project = self._project(repo)
+        texts: dict[str, str | None] = {}
+        wanted: list[str] = []
+        for path in paths:
+            known = blob_shas.get(path) or self._blob_ids.get((project, ref, path))
+            cached = self.blobs.get(known)
+            if cached is not None:
+                texts[path] = cached
+            else:
+                wanted.append(path)
+        endpoint = graphql_url(self._gl.url)
+        for start in range(0, len(wanted), GRAPHQL_FILES_PER_QUERY):
+            batch = wanted[start : start + GRAPHQL_FILES_PER_QUERY]
+            payload = {"query": BLOBS_QUERY, "variables": blobs_variables(repo, ref, batch)}
+
+            def query(gl: gitlab.Gitlab, payload: dict[str, Any] = payload) -> Any:
+                return gl.http_post(endpoint, post_data=payload, obey_rate_limit=False)
+
+            answer = await self._call("read_files", query, retry=READ_RETRY)
+            answered = blobs_answered(batch, answer)
+            if answered is None:
+                errors = answer.get("errors") if isinstance(answer, dict) else answer
+                raise ForgeError(
+                    f"GitLab's GraphQL API refused the file read: {errors}", status=400
+                )
+            for path, (text, oid) in answered.items():
+                texts[path] = text
+                if text is not None and oid:
+                    self._remember_blob(project, ref, path, oid, text)
+        return texts
+
+    def _remember_blob(self, project: str, ref: str, path: str, blob_id: str, text: str) -> None:
+        """Keep a file's text by its blob id, and which blob the path is at that commit."""
+        self._blob_ids[(project, ref, path)] = blob_id
+        if len(self._blob_ids) > MAX_BLOB_IDS:
+            self._blob_ids.popitem(last=False)
+        self.blobs.put(blob_id, text)
 
     async def _read_diffs(
         self,

@@ -210,11 +210,13 @@ async def test_one_review_reads_each_file_once_even_across_chunks(
     for prompt in prompts:
         context = prompt[prompt.index(BEGIN_CONTEXT) : prompt.index("BEGIN UNTRUSTED DIFF")]
         assert any(f"def f{n}():" in context for n in (10, 90, 170, 250, 330))
-    if forge == "github":  # every file in one GraphQL request, none through the contents API
-        assert emulator.state.count_requests("github.graphql") == 1
-        assert emulator.state.count_requests("github.contents") == 0
-    else:
-        assert emulator.state.count_requests("gitlab.file") == 1
+    # Every file in one GraphQL request, none through the per-file API.
+    assert emulator.state.count_requests(f"{forge}.graphql") == 1
+    assert emulator.state.count_requests(FILE_ROUTE[forge]) == 0
+
+
+# Each forge's one-file-at-a-time read, where its one request for every file is not answered.
+FILE_ROUTE = {"github": "github.contents", "gitlab": "gitlab.file"}
 
 
 def twenty_modules(emulator: ForgeEmulator, forge: str, number: int) -> EmulatedPull:
@@ -247,6 +249,8 @@ def shown_contexts(backend: RecordingBackend) -> int:
 async def test_a_forge_read_file_by_file_reads_only_what_a_prompt_has_room_for(
     store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
 ) -> None:
+    # GitLab will not answer the one request for every file (an older GitLab, say).
+    emulator.state.add_fault("gitlab.graphql", Fault.server_error(502), times=4)
     job_id, backend = await review(store, db_url, forges, twenty_modules(emulator, "gitlab", 10))
 
     shown = shown_contexts(backend)
@@ -260,15 +264,16 @@ async def test_a_forge_read_file_by_file_reads_only_what_a_prompt_has_room_for(
     assert emulator.state.posted(forge="gitlab", repo="acme/shop", number=10)
 
 
-async def test_github_reads_every_file_of_a_review_in_one_request(
-    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
+async def test_every_file_of_a_review_is_read_in_one_request(
+    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry, forge: str
 ) -> None:
-    job_id, backend = await review(store, db_url, forges, twenty_modules(emulator, "github", 10))
+    job_id, backend = await review(store, db_url, forges, twenty_modules(emulator, forge, 10))
 
     # The prompt fits the same allowance in the same order as a forge read file by file.
     assert 1 <= shown_contexts(backend) < 20
-    assert emulator.state.count_requests("github.graphql", status=200) == 1
-    assert emulator.state.count_requests("github.contents") == 0
+    assert emulator.state.count_requests(f"{forge}.graphql", status=200) == 1
+    assert emulator.state.count_requests(FILE_ROUTE[forge]) == 0
     job = await store.get_job(job_id)
     assert job is not None
     assert job.request["context_reads"] == {
@@ -279,18 +284,38 @@ async def test_github_reads_every_file_of_a_review_in_one_request(
     }
 
 
-async def test_when_github_will_not_answer_the_one_request_the_files_are_read_one_by_one(
-    store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry
+@pytest.mark.parametrize(
+    ("forge", "refusal"),
+    [
+        ("github", Fault.server_error(502)),
+        ("gitlab", Fault.server_error(502)),
+        # An older GitLab or a token without the scope: 401, 403 or 404 to /api/graphql.
+        ("gitlab", Fault(status=404, message="404 Not Found")),
+    ],
+)
+async def test_when_the_forge_will_not_answer_the_one_request_the_files_are_read_one_by_one(
+    store: QueueStore,
+    db_url: str,
+    emulator: ForgeEmulator,
+    forges: ForgeRegistry,
+    forge: str,
+    refusal: Fault,
 ) -> None:
     pull = open_pull_from_trees(
-        emulator.state, "github", "acme/shop", 12, base=BASE, head=HEAD, title="Log the count"
+        emulator.state,
+        forge,  # type: ignore[arg-type]
+        "acme/shop",
+        12,
+        base=BASE,
+        head=HEAD,
+        title="Log the count",
     )
-    emulator.state.add_fault("github.graphql", Fault.server_error(502), times=4)
+    emulator.state.add_fault(f"{forge}.graphql", refusal, times=4)
     _, backend = await review(store, db_url, forges, pull)
 
     (prompt,) = user_turns(backend)
     assert "\n10:     def apply_discount(self, percent: int) -> int:\n" in prompt
-    assert emulator.state.count_requests("github.contents") == 2
+    assert emulator.state.count_requests(FILE_ROUTE[forge]) == 2
 
 
 @pytest.mark.parametrize(
@@ -319,9 +344,8 @@ async def test_a_file_the_forge_will_not_serve_is_reviewed_without_its_context(
         base=BASE,
         head=HEAD,  # type: ignore[arg-type]
     )
-    if forge == "github":
-        # GitHub's one request for every file fails first: the files are read one by one.
-        emulator.state.add_fault("github.graphql", Fault.server_error(502), times=4)
+    # The forge's one request for every file fails first: the files are read one by one.
+    emulator.state.add_fault(f"{forge}.graphql", Fault.server_error(502), times=4)
     emulator.state.add_fault(route, fault, times=4)  # every read of both files, and a retry
     job_id, backend = await review(store, db_url, forges, pull)
 

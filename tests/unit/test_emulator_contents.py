@@ -98,14 +98,15 @@ async def test_a_file_is_read_once_and_then_comes_from_the_blob_cache(
     assert await client.read_file_at("acme/shop", path, ref="main") == base[path]
 
 
-async def test_github_reads_many_files_at_a_commit_in_one_request(
-    emulator: ForgeEmulator, forges: ForgeRegistry
+@pytest.mark.parametrize("forge", ["github", "gitlab"])
+async def test_many_files_at_a_commit_are_read_in_one_request(
+    emulator: ForgeEmulator, forges: ForgeRegistry, forge: str
 ) -> None:
     paths = ["lib/C#/a b?.py", "src/app.py", "docs/readme.md"]
     base = {path: f"# {path}\nx = 1\n" for path in paths}
     head = {path: f"# {path}\nx = 2\n" for path in paths}
-    pull = open_pull_from_trees(emulator.state, "github", "acme/shop", 5, base=base, head=head)
-    client = forges["github"]
+    pull = open_pull_from_trees(emulator.state, forge, "acme/shop", 5, base=base, head=head)  # type: ignore[arg-type]
+    client = forges[forge]
     assert isinstance(client, ReadsManyFiles)
     sha = pull.newest.head_sha
     listed = {
@@ -116,11 +117,30 @@ async def test_github_reads_many_files_at_a_commit_in_one_request(
         "acme/shop", [*paths, "not/there.py"], ref=sha, blob_shas=listed
     )
     assert texts == {**head, "not/there.py": None}
-    assert emulator.state.count_requests("github.graphql", status=200) == 1
+    assert emulator.state.count_requests(f"{forge}.graphql", status=200) == 1
     # Read once: the blob cache answers the next time, with no request.
     assert await client.read_files_at("acme/shop", paths, ref=sha, blob_shas=listed) == head
-    assert emulator.state.count_requests("github.graphql") == 1
-    assert emulator.state.count_requests("github.contents") == 0
+    assert emulator.state.count_requests(f"{forge}.graphql") == 1
+    per_file = "github.contents" if forge == "github" else "gitlab.file"
+    assert emulator.state.count_requests(per_file) == 0
+
+
+async def test_gitlab_refusing_the_files_query_is_a_forge_error(
+    emulator: ForgeEmulator, forges: ForgeRegistry
+) -> None:
+    pull = open_pull_from_trees(
+        emulator.state, "gitlab", "acme/shop", 6, base={"a.py": "1\n"}, head={"a.py": "2\n"}
+    )
+    client = forges["gitlab"]
+    assert isinstance(client, ReadsManyFiles)
+    sha = pull.newest.head_sha
+    emulator.state.add_fault("gitlab.graphql", Fault(status=403, message="403 Forbidden"))
+    with pytest.raises(ForgeError, match="403"):
+        await client.read_files_at("acme/shop", ["a.py"], ref=sha, blob_shas={})
+    assert emulator.state.count_requests("gitlab.graphql") == 1  # not repeated
+    assert await client.read_files_at("acme/shop", ["a.py"], ref=sha, blob_shas={}) == {
+        "a.py": "2\n"
+    }
 
 
 async def test_github_refusing_the_files_query_is_a_forge_error(
