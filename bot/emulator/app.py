@@ -365,6 +365,8 @@ def _admit_content(ctx: Context, route: Route) -> None:
 def _answer(ctx: Context, route: Route, body: Any) -> web.Response:
     """The JSON answer; an unchanged GitHub read answers 304 to its ETag (free of the
     primary rate limit on GitHub)."""
+    if ctx.status == 204:
+        return web.Response(status=204, headers=ctx.headers)
     if ctx.forge != "github" or ctx.request.method != "GET" or ctx.status != 200:
         return web.json_response(body, status=ctx.status, headers=ctx.headers)
     tag = entity_tag([body, ctx.headers.get("Link")])

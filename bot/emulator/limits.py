@@ -16,7 +16,7 @@ from typing import Any
 CONTENT_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
 # Routes sent with a writing method that create no content on the forge: credentials, and
 # GraphQL queries (the bot sends no mutation; only mutations create content).
-NOT_CONTENT_ROUTES = frozenset({"github.access_token", "github.graphql"})
+NOT_CONTENT_ROUTES = frozenset({"github.access_token", "github.graphql", "gitlab.graphql"})
 
 
 @dataclass(frozen=True, slots=True)

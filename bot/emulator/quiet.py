@@ -380,6 +380,34 @@ async def _gitlab_edit_note(ctx: Context) -> Any:
     return public_view(note)
 
 
+async def _github_delete_comment(ctx: Context) -> Any:
+    pull, comment = _find_github_comment(ctx)
+    if comment["user"]["login"] != ctx.user:
+        raise github_error(403, "Resource not accessible by integration")
+    pull.comments.remove(comment)
+    ctx.state.records.append(
+        Record("github", "comment_delete", pull.repo, pull.number, None, {"id": comment["id"]})
+    )
+    ctx.status = 204
+    return None
+
+
+async def _gitlab_delete_note(ctx: Context) -> Any:
+    pull = gitlab_pull_of(ctx)
+    note_id = int(ctx.params["note_id"])
+    note = next((item for item in pull.notes if item["id"] == note_id), None)
+    if note is None:
+        raise Reply(404, {"message": "404 Note Not Found"})
+    if note["author"]["username"] != ctx.user:
+        raise Reply(403, {"message": "403 Forbidden"})
+    pull.notes.remove(note)
+    ctx.state.records.append(
+        Record("gitlab", "note_delete", pull.repo, pull.number, None, {"id": note_id})
+    )
+    ctx.status = 204
+    return None
+
+
 async def _gitlab_resolve_discussion(ctx: Context) -> Any:
     pull = gitlab_pull_of(ctx)
     discussion = next(
@@ -447,6 +475,20 @@ QUIET_ROUTES: tuple[Route, ...] = (
     ),
     define_route(
         "gitlab.notes.edit", "PUT", f"{GITLAB_MR}/notes/{{note_id}}", _gitlab_edit_note, "gitlab"
+    ),
+    define_route(
+        "github.comments.delete",
+        "DELETE",
+        f"{GITHUB_REPO}/issues/comments/{{comment_id}}",
+        _github_delete_comment,
+        "github",
+    ),
+    define_route(
+        "gitlab.notes.delete",
+        "DELETE",
+        f"{GITLAB_MR}/notes/{{note_id}}",
+        _gitlab_delete_note,
+        "gitlab",
     ),
     define_route(
         "gitlab.discussions.resolve",

@@ -69,6 +69,12 @@ class QuietForge(Protocol):
 
     async def edit_summary(self, repo: str, number: int, comment_id: int, body: str) -> None: ...
 
+    async def list_summaries(self, repo: str, number: int) -> list[SummaryComment]:
+        """Every summary comment on the pull request, oldest first."""
+        ...
+
+    async def delete_summary(self, repo: str, number: int, comment_id: int) -> None: ...
+
     async def post_findings(
         self, repo: str, number: int, review: ReviewToPost
     ) -> PostedFindings: ...
@@ -150,6 +156,39 @@ class GitHubQuiet:
             )
 
         await self.client._call("edit_summary", edit, repo=repo, write=WriteValue.SUMMARY_EDIT)
+
+    async def list_summaries(self, repo: str, number: int) -> list[SummaryComment]:
+        """Every summary comment on the PR (by its marker), oldest first."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "number": str(number)}
+        api = self.client._api
+
+        async def search(token: str) -> list[SummaryComment]:
+            found: list[SummaryComment] = []
+            async for item in api.getiter(
+                "/repos/{owner}/{repo}/issues/{number}/comments?per_page=100",
+                url_vars,
+                oauth_token=token,
+            ):
+                body = str(item.get("body") or "")
+                if SUMMARY_MARKER in body:
+                    found.append(SummaryComment(int(item["id"]), body))
+            return sorted(found, key=lambda item: item.id)
+
+        return await self.client._call("list_summaries", search, repo=repo)
+
+    async def delete_summary(self, repo: str, number: int, comment_id: int) -> None:
+        """Delete a summary comment (one written twice)."""
+        owner, name = split_repo(repo)
+        url_vars = {"owner": owner, "repo": name, "comment_id": str(comment_id)}
+        api = self.client._api
+
+        async def delete(token: str) -> None:
+            await api.delete(
+                "/repos/{owner}/{repo}/issues/comments/{comment_id}", url_vars, oauth_token=token
+            )
+
+        await self.client._call("delete_summary", delete, repo=repo, write=WriteValue.SUMMARY_EDIT)
 
     async def post_findings(self, repo: str, number: int, review: ReviewToPost) -> PostedFindings:
         """One review with the inline comments (the client's idempotent post)."""
@@ -279,6 +318,24 @@ class GitLabQuiet:
             gl.http_put(path, post_data={"body": marked}, obey_rate_limit=False)
 
         await self.client._call("edit_summary", edit, write=WriteValue.SUMMARY_EDIT)
+
+    async def list_summaries(self, repo: str, number: int) -> list[SummaryComment]:
+        """Every summary note on the MR (by its marker), oldest first."""
+        found = [
+            SummaryComment(int(note["id"]), str(note.get("body") or ""))
+            for note in await self.client._list_notes(repo, number)
+            if SUMMARY_MARKER in str(note.get("body") or "") and note.get("type") != "DiffNote"
+        ]
+        return sorted(found, key=lambda item: item.id)
+
+    async def delete_summary(self, repo: str, number: int, comment_id: int) -> None:
+        """Delete a summary note (one written twice)."""
+        path = f"{self._base(repo, number)}/notes/{comment_id}"
+
+        def delete(gl: gitlab.Gitlab) -> None:
+            gl.http_delete(path, obey_rate_limit=False)
+
+        await self.client._call("delete_summary", delete, write=WriteValue.SUMMARY_EDIT)
 
     async def _discussions(self, repo: str, number: int) -> list[dict[str, Any]]:
         path = f"{self._base(repo, number)}/discussions"

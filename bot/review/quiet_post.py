@@ -234,20 +234,23 @@ async def upsert_summary(
     *,
     still_held: StillHeld | None = None,
     place: SummaryPlace = LOOK_IT_UP,
+    attempt: int = 1,
 ) -> int:
     """Edit the pull request's summary in place, or create it the first time.
 
     The body carries the job's marker, so a later attempt at the same job finds it written.
     `still_held` is asked right before the forge write; LeaseLost when it says no. Where
     `place` is known the forge's comments are not searched; a known summary that is gone
-    (deleted by hand) is looked for, then written anew.
+    (deleted by hand) is looked for, then written anew. A summary created twice (see
+    `one_summary`) is taken back to one.
     """
     body = append_marker(body, job.id)
     if place.known:
         if still_held is not None and not await still_held():
             raise LeaseLost(f"job {job.id}: the posting claim was taken over")
         if place.comment_id is None:
-            return await quiet.create_summary(job.repo, job.number, body)
+            created = await quiet.create_summary(job.repo, job.number, body)
+            return await one_summary(quiet, job, created, body, still_held, attempt=attempt)
         try:
             await quiet.edit_summary(job.repo, job.number, place.comment_id, body)
         except ForgeNotFound:
@@ -265,9 +268,60 @@ async def upsert_summary(
     if still_held is not None and not await still_held():
         raise LeaseLost(f"job {job.id}: the posting claim was taken over")
     if existing is None:
-        return await quiet.create_summary(job.repo, job.number, body)
+        created = await quiet.create_summary(job.repo, job.number, body)
+        return await one_summary(quiet, job, created, body, still_held, attempt=attempt)
     await quiet.edit_summary(job.repo, job.number, existing.id, body)
     return existing.id
+
+
+async def one_summary(
+    quiet: QuietForge,
+    job: Job,
+    created: int,
+    body: str,
+    still_held: StillHeld | None,
+    *,
+    attempt: int,
+) -> int:
+    """After creating the summary: if another attempt at the job created one too, keep the
+    oldest; the summary's id.
+
+    A forge has no conditional writes: a process paused between its claim's last check and
+    its request sends the request when it resumes, after another attempt took the job over.
+    Each creator looks once it is done (a taking-over attempt always, a first attempt only
+    when it finds its claim gone), and the later of two creators takes its own back, so one
+    summary is left whichever order they land in. The one taking over writes its text into
+    the oldest; a stale one takes its own back and stops (LeaseLost).
+    """
+    stale = still_held is not None and not await still_held()
+    if not stale and attempt <= 1:
+        return created
+    with guarded_writes(_always):  # taking back its own comment is safe, even when stale
+        older = [
+            item for item in await quiet.list_summaries(job.repo, job.number) if item.id < created
+        ]
+        if older:
+            await quiet.delete_summary(job.repo, job.number, created)
+            log.warning(
+                "job %s: summary %s written twice (by attempt %s); kept %s",
+                job.id,
+                created,
+                attempt,
+                older[0].id,
+                extra={"action": "summary_doubled", "job_id": job.id},
+            )
+    if stale:
+        raise LeaseLost(
+            f"job {job.id}: the posting claim was taken over as the summary was written"
+        )
+    if not older:
+        return created
+    await quiet.edit_summary(job.repo, job.number, older[0].id, body)
+    return older[0].id
+
+
+async def _always() -> bool:
+    return True
 
 
 async def post_quiet_review(
@@ -414,7 +468,9 @@ async def _post(
         )
     )
     place = summary_place(fence.attempt, await posting.findings.prior_postings(pull, job_id=job.id))
-    summary_id = await upsert_summary(quiet, job, body, still_held=still_held, place=place)
+    summary_id = await upsert_summary(
+        quiet, job, body, still_held=still_held, place=place, attempt=fence.attempt
+    )
     return {
         "forge_review_id": posted.review_id if posted is not None else None,
         "summary_comment_id": summary_id,
