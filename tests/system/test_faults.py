@@ -292,13 +292,18 @@ async def _check_guarantees(database_url: str) -> None:
 
 
 def _summaries_per_pull(state: EmulatorState) -> Counter[tuple[str, int]]:
-    """Living summaries created per pull request (a GitHub comment, a GitLab note)."""
-    created = state.posted(kind="issue_comment") + state.posted(kind="note")
+    """Living summaries each pull request holds (a GitHub comment, a GitLab note): one that
+    two attempts both created is taken back by the later (bot.review.quiet_post.one_summary)."""
     return Counter(
-        (record.repo, record.number or 0)
-        for record in created
-        if record.body is not None and SUMMARY_MARKER in record.body
+        (pull.repo, pull.number)
+        for pull in state.pulls.values()
+        for item in (pull.comments if pull.forge == "github" else pull.notes)
+        if SUMMARY_MARKER in str(item.get("body") or "")
     )
+
+
+def _summaries_taken_back(state: EmulatorState) -> int:
+    return len(state.posted(kind="comment_delete")) + len(state.posted(kind="note_delete"))
 
 
 def _repeated_writes(state: EmulatorState) -> list[tuple[str, str, int | None]]:
@@ -630,8 +635,9 @@ async def test_a_dispatcher_paused_for_three_leases_writes_nothing_twice(
     dropped = victim.log.read_text().count("lease lost, dropping result")
     assert dropped >= 1, "the resumed dispatcher held nothing that was taken over"
     print(
-        f"paused at '{point}' for {PAUSE_S:.0f} s: {PAUSE_BURST} reviews, one summary each, "
-        f"{dropped} stale results dropped, drained {drain_s:.1f} s after the pause began"
+        f"paused at '{point}' for {PAUSE_S:.0f} s: {PAUSE_BURST} reviews, one summary each "
+        f"({_summaries_taken_back(state)} written twice and taken back), {dropped} stale results "
+        f"dropped, drained {drain_s:.1f} s after the pause began"
     )
 
 
