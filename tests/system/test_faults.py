@@ -343,11 +343,12 @@ async def test_a_dispatcher_killed_mid_burst_loses_and_repeats_nothing(
         # wait, claimed, with nothing on the forge yet. A review the victim sent just before it
         # died may still land, well inside the lease; the survivor's attempt finds it.
         for route in ("github.reviews.create", "gitlab.notes.create", "gitlab.discussions.create"):
-            state.add_fault(route, Fault.slow(1.5), times=40)
+            state.add_fault(route, Fault.slow(1.5), times=12)
     elif point == "post on the wire":
         # The forge takes the review at once and answers late: the poster dies in between.
+        # The first dozen of each are enough to catch the victim there; the rest go at speed.
         for route in ("github.reviews.create", "gitlab.notes.create"):
-            state.add_fault(route, Fault.late_answer(2.0), times=40)
+            state.add_fault(route, Fault.late_answer(2.0), times=12)
     env = _environment(db_url, emulator)
     async with _serving(["web", "dispatcher", "dispatcher"], env, tmp_path) as served:
         web, victim, survivor = served
