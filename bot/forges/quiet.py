@@ -101,11 +101,18 @@ class GitHubQuiet:
 
     async def find_summary(self, repo: str, number: int) -> SummaryComment | None:
         """Our summary comment on the PR (by its marker), or None."""
+        found = await self._summaries(repo, number, first_only=True)
+        return found[0] if found else None
+
+    async def _summaries(self, repo: str, number: int, *, first_only: bool) -> list[SummaryComment]:
+        """The PR's summary comments (by their marker) in the order GitHub lists them; the
+        first one only (no further pages read) with `first_only`."""
         owner, name = split_repo(repo)
         url_vars = {"owner": owner, "repo": name, "number": str(number)}
         api = self.client._api
 
-        async def search(token: str) -> SummaryComment | None:
+        async def search(token: str) -> list[SummaryComment]:
+            found: list[SummaryComment] = []
             async for item in api.getiter(
                 "/repos/{owner}/{repo}/issues/{number}/comments?per_page=100",
                 url_vars,
@@ -113,10 +120,13 @@ class GitHubQuiet:
             ):
                 body = str(item.get("body") or "")
                 if SUMMARY_MARKER in body:
-                    return SummaryComment(int(item["id"]), body)
-            return None
+                    found.append(SummaryComment(int(item["id"]), body))
+                    if first_only:
+                        break
+            return found
 
-        return await self.client._call("find_summary", search, repo=repo)
+        action = "find_summary" if first_only else "list_summaries"
+        return await self.client._call(action, search, repo=repo)
 
     async def create_summary(self, repo: str, number: int, body: str) -> int:
         """Post the summary comment; a retried POST looks for it first."""
@@ -159,23 +169,8 @@ class GitHubQuiet:
 
     async def list_summaries(self, repo: str, number: int) -> list[SummaryComment]:
         """Every summary comment on the PR (by its marker), oldest first."""
-        owner, name = split_repo(repo)
-        url_vars = {"owner": owner, "repo": name, "number": str(number)}
-        api = self.client._api
-
-        async def search(token: str) -> list[SummaryComment]:
-            found: list[SummaryComment] = []
-            async for item in api.getiter(
-                "/repos/{owner}/{repo}/issues/{number}/comments?per_page=100",
-                url_vars,
-                oauth_token=token,
-            ):
-                body = str(item.get("body") or "")
-                if SUMMARY_MARKER in body:
-                    found.append(SummaryComment(int(item["id"]), body))
-            return sorted(found, key=lambda item: item.id)
-
-        return await self.client._call("list_summaries", search, repo=repo)
+        found = await self._summaries(repo, number, first_only=False)
+        return sorted(found, key=lambda item: item.id)
 
     async def delete_summary(self, repo: str, number: int, comment_id: int) -> None:
         """Delete a summary comment (one written twice)."""
