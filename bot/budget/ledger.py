@@ -98,8 +98,15 @@ class BudgetSettings:
     """Limits per forge, how long a silent claim stays live, how often a waiter looks."""
 
     limits: Mapping[str, BudgetLimits] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
-    stale_s: float = 30.0
+    # A waiter looks again at least every `poll_max_s`: a claim untouched for that and a
+    # margin is a stopped process's, and no longer holds the line (a dispatcher killed with
+    # writes waiting held every other writer of its installation back for up to 30 s).
+    stale_s: float = 15.0
     poll_max_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.stale_s <= self.poll_max_s:
+            raise ValueError("stale_s must exceed poll_max_s: a live waiter's claim would lapse")
 
     def limits_of(self, forge: str) -> BudgetLimits:
         return self.limits.get(forge) or DEFAULT_LIMITS.get(forge) or GITHUB_LIMITS
