@@ -360,12 +360,18 @@ async def _github_edit_comment(ctx: Context) -> Any:
     return public_view(comment)
 
 
-async def _gitlab_edit_note(ctx: Context) -> Any:
+def _gitlab_note(ctx: Context) -> tuple[EmulatedPull, dict[str, Any]]:
+    """The merge request and its note the path names (404 when there is none)."""
     pull = gitlab_pull_of(ctx)
     note_id = int(ctx.params["note_id"])
     note = next((item for item in pull.notes if item["id"] == note_id), None)
     if note is None:
         raise Reply(404, {"message": "404 Note Not Found"})
+    return pull, note
+
+
+async def _gitlab_edit_note(ctx: Context) -> Any:
+    pull, note = _gitlab_note(ctx)
     data = await ctx.json()
     body = data.get("body") if isinstance(data, dict) else None
     if not body:
@@ -375,7 +381,7 @@ async def _gitlab_edit_note(ctx: Context) -> Any:
     note["body"] = body
     note["updated_at"] = ctx.state.clock().isoformat().replace("+00:00", "Z")
     ctx.state.records.append(
-        Record("gitlab", "note_edit", pull.repo, pull.number, body, {"id": note_id})
+        Record("gitlab", "note_edit", pull.repo, pull.number, body, {"id": note["id"]})
     )
     return public_view(note)
 
@@ -393,16 +399,12 @@ async def _github_delete_comment(ctx: Context) -> Any:
 
 
 async def _gitlab_delete_note(ctx: Context) -> Any:
-    pull = gitlab_pull_of(ctx)
-    note_id = int(ctx.params["note_id"])
-    note = next((item for item in pull.notes if item["id"] == note_id), None)
-    if note is None:
-        raise Reply(404, {"message": "404 Note Not Found"})
+    pull, note = _gitlab_note(ctx)
     if note["author"]["username"] != ctx.user:
         raise Reply(403, {"message": "403 Forbidden"})
     pull.notes.remove(note)
     ctx.state.records.append(
-        Record("gitlab", "note_delete", pull.repo, pull.number, None, {"id": note_id})
+        Record("gitlab", "note_delete", pull.repo, pull.number, None, {"id": note["id"]})
     )
     ctx.status = 204
     return None

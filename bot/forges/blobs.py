@@ -7,6 +7,7 @@ by total characters, not entries, since one generated file can outweigh a thousa
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 # Files larger than this are not read for context (generated, vendored or data files).
@@ -48,6 +49,21 @@ class BlobCache:
 
     def __len__(self) -> int:
         return len(self._texts)
+
+    def split(
+        self, paths: Sequence[str], blob_of: Callable[[str], str | None]
+    ) -> tuple[dict[str, str | None], list[str]]:
+        """The texts of `paths` whose blob (`blob_of(path)`) is cached, and the paths still to
+        read, in order."""
+        texts: dict[str, str | None] = {}
+        wanted: list[str] = []
+        for path in paths:
+            cached = self.get(blob_of(path))
+            if cached is not None:
+                texts[path] = cached
+            else:
+                wanted.append(path)
+        return texts, wanted
 
 
 def decode_text(data: bytes) -> str | None:

@@ -514,14 +514,7 @@ class GitHubClient:
         """Each path's text at commit `ref`, in one GraphQL request per hundred files not in
         the blob cache (bot/forges/github_files.py); None for a path that is not there or not
         text. Raises ForgeError when GitHub will not answer the query."""
-        texts: dict[str, str | None] = {}
-        wanted: list[str] = []
-        for path in paths:
-            cached = self.blobs.get(blob_shas.get(path))
-            if cached is not None:
-                texts[path] = cached
-            else:
-                wanted.append(path)
+        texts, wanted = self.blobs.split(paths, blob_shas.get)
         owner, name = split_repo(repo)
         for start in range(0, len(wanted), MAX_FILES_PER_QUERY):
             batch = wanted[start : start + MAX_FILES_PER_QUERY]

@@ -293,7 +293,7 @@ class GitLabClient:
         answer), cached by blob id; None when it is not there, binary or too large. Raises
         ForgeError."""
         project = self._project(repo, project_id)
-        known = blob_sha or self._blob_ids.get((project, ref, path))
+        known = self._known_blob(project, ref, path, blob_sha)
         cached = self.blobs.get(known)
         if cached is not None:
             return cached
@@ -339,15 +339,9 @@ class GitLabClient:
         text. Raises ForgeError when GitLab will not answer the query (an older GitLab, a
         token without the scope): the caller then reads file by file."""
         project = self._project(repo)
-        texts: dict[str, str | None] = {}
-        wanted: list[str] = []
-        for path in paths:
-            known = blob_shas.get(path) or self._blob_ids.get((project, ref, path))
-            cached = self.blobs.get(known)
-            if cached is not None:
-                texts[path] = cached
-            else:
-                wanted.append(path)
+        texts, wanted = self.blobs.split(
+            paths, lambda path: self._known_blob(project, ref, path, blob_shas.get(path))
+        )
         endpoint = graphql_url(self._gl.url)
         for start in range(0, len(wanted), GRAPHQL_FILES_PER_QUERY):
             batch = wanted[start : start + GRAPHQL_FILES_PER_QUERY]
@@ -368,6 +362,10 @@ class GitLabClient:
                 if text is not None and oid:
                     self._remember_blob(project, ref, path, oid, text)
         return texts
+
+    def _known_blob(self, project: str, ref: str, path: str, blob_sha: str | None) -> str | None:
+        """The blob at `path` in commit `ref`: as the diff listed it, or as a read found it."""
+        return blob_sha or self._blob_ids.get((project, ref, path))
 
     def _remember_blob(self, project: str, ref: str, path: str, blob_id: str, text: str) -> None:
         """Keep a file's text by its blob id, and which blob the path is at that commit."""

@@ -281,11 +281,16 @@ class GitLabQuiet:
 
     async def find_summary(self, repo: str, number: int) -> SummaryComment | None:
         """Our summary note on the MR (by its marker), or None."""
-        for note in await self.client._list_notes(repo, number):
-            body = str(note.get("body") or "")
-            if SUMMARY_MARKER in body and note.get("type") != "DiffNote":
-                return SummaryComment(int(note["id"]), body)
-        return None
+        found = await self._summaries(repo, number)
+        return found[0] if found else None
+
+    async def _summaries(self, repo: str, number: int) -> list[SummaryComment]:
+        """The MR's summary notes (by their marker), in the order GitLab lists them."""
+        return [
+            SummaryComment(int(note["id"]), str(note.get("body") or ""))
+            for note in await self.client._list_notes(repo, number)
+            if SUMMARY_MARKER in str(note.get("body") or "") and note.get("type") != "DiffNote"
+        ]
 
     async def create_summary(self, repo: str, number: int, body: str) -> int:
         """Post the summary note; a retried POST looks for it first."""
@@ -316,12 +321,7 @@ class GitLabQuiet:
 
     async def list_summaries(self, repo: str, number: int) -> list[SummaryComment]:
         """Every summary note on the MR (by its marker), oldest first."""
-        found = [
-            SummaryComment(int(note["id"]), str(note.get("body") or ""))
-            for note in await self.client._list_notes(repo, number)
-            if SUMMARY_MARKER in str(note.get("body") or "") and note.get("type") != "DiffNote"
-        ]
-        return sorted(found, key=lambda item: item.id)
+        return sorted(await self._summaries(repo, number), key=lambda item: item.id)
 
     async def delete_summary(self, repo: str, number: int, comment_id: int) -> None:
         """Delete a summary note (one written twice)."""

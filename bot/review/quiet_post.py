@@ -245,12 +245,9 @@ async def upsert_summary(
     `one_summary`) is taken back to one.
     """
     body = append_marker(body, job.id)
-    if place.known:
-        if still_held is not None and not await still_held():
-            raise LeaseLost(f"job {job.id}: the posting claim was taken over")
-        if place.comment_id is None:
-            created = await quiet.create_summary(job.repo, job.number, body)
-            return await one_summary(quiet, job, created, body, still_held, attempt=attempt)
+    look = not place.known
+    if place.comment_id is not None:
+        await _still_held(still_held, job)
         try:
             await quiet.edit_summary(job.repo, job.number, place.comment_id, body)
         except ForgeNotFound:
@@ -260,18 +257,24 @@ async def upsert_summary(
                 place.comment_id,
                 extra={"action": "summary_gone", "job_id": job.id},
             )
+            look = True
         else:
             return place.comment_id
-    existing = await quiet.find_summary(job.repo, job.number)
+    existing = await quiet.find_summary(job.repo, job.number) if look else None
     if existing is not None and existing.body.strip() == body.strip():
         return existing.id
-    if still_held is not None and not await still_held():
-        raise LeaseLost(f"job {job.id}: the posting claim was taken over")
+    await _still_held(still_held, job)
     if existing is None:
         created = await quiet.create_summary(job.repo, job.number, body)
         return await one_summary(quiet, job, created, body, still_held, attempt=attempt)
     await quiet.edit_summary(job.repo, job.number, existing.id, body)
     return existing.id
+
+
+async def _still_held(still_held: StillHeld | None, job: Job) -> None:
+    """LeaseLost unless the posting claim still holds (asked right before a forge write)."""
+    if still_held is not None and not await still_held():
+        raise LeaseLost(f"job {job.id}: the posting claim was taken over")
 
 
 async def one_summary(
@@ -394,11 +397,6 @@ async def _post(
     """Write the review on the forge and record its findings; every write (forge or database)
     only while `held` says `fence` holds the job's posting claim, else LeaseLost."""
     still_held = held
-
-    async def check() -> None:
-        if not await still_held():
-            raise LeaseLost(f"job {job.id}: the posting claim was taken over")
-
     chunks = await store.chunk_results(job.id)
     assembled = assemble_review(
         [review_chunk_of(chunk) for chunk in chunks],
@@ -428,7 +426,7 @@ async def _post(
     )
     posted: PostedFindings | None = None
     if decision.inline:
-        await check()
+        await _still_held(still_held, job)
         # A first attempt cannot have posted the findings already: no search for them.
         review = replace(inline_review(job, decision, chunks), first_attempt=fence.attempt == 1)
         posted = await quiet.post_findings(job.repo, job.number, review)
@@ -441,7 +439,7 @@ async def _post(
     threads_resolved = 0
     for item in decision.resolved:
         if item.forge_ref and item.fingerprint in resolved:
-            await check()
+            await _still_held(still_held, job)
             threads_resolved += await quiet.resolve_finding(job.repo, job.number, item.forge_ref)
     heads = await posting.findings.reviewed_heads(pull)
     commits = [
@@ -467,7 +465,9 @@ async def _post(
             refused=posted.rejected if posted is not None else (),
         )
     )
-    place = summary_place(fence.attempt, await posting.findings.prior_postings(pull, job_id=job.id))
+    # Only a first attempt can know the summary's place without looking (summary_place).
+    prior = await posting.findings.prior_postings(pull, job_id=job.id) if fence.attempt == 1 else ()
+    place = summary_place(fence.attempt, prior)
     summary_id = await upsert_summary(
         quiet, job, body, still_held=still_held, place=place, attempt=fence.attempt
     )

@@ -125,37 +125,26 @@ async def test_many_files_at_a_commit_are_read_in_one_request(
     assert emulator.state.count_requests(per_file) == 0
 
 
-async def test_gitlab_refusing_the_files_query_is_a_forge_error(
-    emulator: ForgeEmulator, forges: ForgeRegistry
+@pytest.mark.parametrize(
+    ("forge", "refusal", "said"),
+    [
+        ("github", Fault(status=400, message="Problems parsing JSON"), "GraphQL"),
+        ("gitlab", Fault(status=403, message="403 Forbidden"), "403"),
+    ],
+)
+async def test_refusing_the_files_query_is_a_forge_error(
+    emulator: ForgeEmulator, forges: ForgeRegistry, forge: Forge, refusal: Fault, said: str
 ) -> None:
     pull = open_pull_from_trees(
-        emulator.state, "gitlab", "acme/shop", 6, base={"a.py": "1\n"}, head={"a.py": "2\n"}
+        emulator.state, forge, "acme/shop", 6, base={"a.py": "1\n"}, head={"a.py": "2\n"}
     )
-    client = forges["gitlab"]
+    client = forges[forge]
     assert isinstance(client, ReadsManyFiles)
     sha = pull.newest.head_sha
-    emulator.state.add_fault("gitlab.graphql", Fault(status=403, message="403 Forbidden"))
-    with pytest.raises(ForgeError, match="403"):
+    emulator.state.add_fault(f"{forge}.graphql", refusal)
+    with pytest.raises(ForgeError, match=said):
         await client.read_files_at("acme/shop", ["a.py"], ref=sha, blob_shas={})
-    assert emulator.state.count_requests("gitlab.graphql") == 1  # not repeated
-    assert await client.read_files_at("acme/shop", ["a.py"], ref=sha, blob_shas={}) == {
-        "a.py": "2\n"
-    }
-
-
-async def test_github_refusing_the_files_query_is_a_forge_error(
-    emulator: ForgeEmulator, forges: ForgeRegistry
-) -> None:
-    pull = open_pull_from_trees(
-        emulator.state, "github", "acme/shop", 6, base={"a.py": "1\n"}, head={"a.py": "2\n"}
-    )
-    client = forges["github"]
-    assert isinstance(client, ReadsManyFiles)
-    sha = pull.newest.head_sha
-    emulator.state.add_fault("github.graphql", Fault(status=400, message="Problems parsing JSON"))
-    with pytest.raises(ForgeError, match="GraphQL"):
-        await client.read_files_at("acme/shop", ["a.py"], ref=sha, blob_shas={})
-    assert emulator.state.count_requests("github.graphql") == 1  # not repeated
+    assert emulator.state.count_requests(f"{forge}.graphql") == 1  # not repeated
     assert await client.read_files_at("acme/shop", ["a.py"], ref=sha, blob_shas={}) == {
         "a.py": "2\n"
     }
