@@ -207,7 +207,7 @@ async def test_a_secondary_limit_answer_pauses_every_process(
 
 
 async def test_metrics_show_the_budget_left_per_installation(
-    aiohttp_client: ClientMaker, connectors: tuple[Connector, Connector], clock: VirtualClock
+    connectors: tuple[Connector, Connector], aiohttp_client: ClientMaker, clock: VirtualClock
 ) -> None:
     """/metrics reads every budget from the database: writes left this minute and hour, the
     writes waiting, a pause the forge asked for."""

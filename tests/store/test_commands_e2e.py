@@ -466,8 +466,8 @@ async def test_the_bots_own_comments_are_never_commands(harness: Harness) -> Non
 
 
 async def test_the_app_runs_the_worker_and_notify_wakes_it(
-    aiohttp_client: ClientMaker,
     store: QueueStore,
+    aiohttp_client: ClientMaker,
     clock: VirtualClock,
     emulator: ForgeEmulator,
     forges: dict[str, ForgeClient],

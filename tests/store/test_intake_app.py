@@ -44,7 +44,9 @@ Client = TestClient[web.Request, web.Application]
 
 
 @pytest.fixture
-async def client(aiohttp_client: ClientMaker, store: QueueStore) -> Client:
+async def client(store: QueueStore, aiohttp_client: ClientMaker) -> Client:
+    # The store is set up first so that it is closed (and its database dropped) only after
+    # the app has stopped: fixtures are torn down in the reverse order of their set-up.
     return await aiohttp_client(create_app(SETTINGS, store=store, clock=VirtualClock()))
 
 
@@ -363,7 +365,7 @@ async def test_over_25_mb_is_413(client: Client, store: QueueStore) -> None:
 
 
 async def test_chunked_body_over_the_limit_is_413(
-    aiohttp_client: ClientMaker, store: QueueStore
+    store: QueueStore, aiohttp_client: ClientMaker
 ) -> None:
     small = SETTINGS.with_changes(web={"max_body_bytes": 10_000})
     client = await aiohttp_client(create_app(small, store=store))
@@ -444,7 +446,7 @@ def test_refuses_to_start_without_secrets(caplog: pytest.LogCaptureFixture) -> N
 
 
 async def test_insecure_dev_accepts_unsigned_and_warns(
-    aiohttp_client: ClientMaker, store: QueueStore, caplog: pytest.LogCaptureFixture
+    store: QueueStore, aiohttp_client: ClientMaker, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="bot.app"):
         app = create_app(Settings(web=WebSettings(insecure_dev=True)), store=store)
@@ -458,7 +460,7 @@ async def test_insecure_dev_accepts_unsigned_and_warns(
 
 
 async def test_one_forge_configured_refuses_the_other(
-    aiohttp_client: ClientMaker, store: QueueStore
+    store: QueueStore, aiohttp_client: ClientMaker
 ) -> None:
     client = await aiohttp_client(
         create_app(Settings(forges=ForgeSettings(github_webhook_secret=GITHUB_SECRET)), store=store)

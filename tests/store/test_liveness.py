@@ -229,7 +229,7 @@ SETTINGS = Settings(
 
 
 async def test_healthz_metrics_and_dashboard_say_who_is_alive(
-    aiohttp_client: ClientMaker, store: QueueStore, clock: VirtualClock
+    store: QueueStore, aiohttp_client: ClientMaker, clock: VirtualClock
 ) -> None:
     client = await aiohttp_client(create_app(SETTINGS, store=store, clock=clock))
     health = await (await client.get("/healthz")).json()

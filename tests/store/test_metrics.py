@@ -75,7 +75,7 @@ def test_webhook_outcome_label(status: int, body: bytes | None, expected: str) -
 
 
 async def test_scrape_reads_the_queue_from_the_database(
-    aiohttp_client: ClientMaker, store: QueueStore, clock: VirtualClock
+    store: QueueStore, aiohttp_client: ClientMaker, clock: VirtualClock
 ) -> None:
     app = web.Application()
     setup_metrics(app, connector=store.connector, clock=clock)
@@ -134,7 +134,7 @@ async def test_scrape_survives_a_database_outage(aiohttp_client: ClientMaker) ->
 
 
 async def test_create_app_serves_metrics_and_counts_webhooks(
-    aiohttp_client: ClientMaker, store: QueueStore
+    store: QueueStore, aiohttp_client: ClientMaker
 ) -> None:
     settings = Settings(
         forges=ForgeSettings(github_webhook_secret="s3cret", gitlab_webhook_token="t0ken")

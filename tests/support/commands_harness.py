@@ -223,8 +223,8 @@ async def forges(
 
 @pytest.fixture
 async def harness(
-    aiohttp_client: ClientMaker,
     store: QueueStore,
+    aiohttp_client: ClientMaker,
     clock: VirtualClock,
     emulator: ForgeEmulator,
     forges: dict[str, ForgeClient],

@@ -94,7 +94,7 @@ def _admin_app(store: QueueStore, clock: VirtualClock, token: str | None) -> web
 
 
 async def test_no_admin_token_configured_means_no_admin(
-    aiohttp_client: ClientMaker, store: QueueStore, clock: VirtualClock
+    store: QueueStore, aiohttp_client: ClientMaker, clock: VirtualClock
 ) -> None:
     client = await aiohttp_client(_admin_app(store, clock, None))
     for headers in ({}, {"Authorization": "Bearer "}, {"Authorization": f"Bearer {TOKEN}"}):
@@ -105,7 +105,7 @@ async def test_no_admin_token_configured_means_no_admin(
 
 
 async def test_admin_refuses_without_the_token(
-    aiohttp_client: ClientMaker, store: QueueStore, clock: VirtualClock
+    store: QueueStore, aiohttp_client: ClientMaker, clock: VirtualClock
 ) -> None:
     client = await aiohttp_client(_admin_app(store, clock, TOKEN))
     refusals = [
@@ -123,7 +123,7 @@ async def test_admin_refuses_without_the_token(
 
 
 async def test_admin_with_bearer_and_with_token_cookie(
-    aiohttp_client: ClientMaker, store: QueueStore, clock: VirtualClock
+    store: QueueStore, aiohttp_client: ClientMaker, clock: VirtualClock
 ) -> None:
     client = await aiohttp_client(_admin_app(store, clock, TOKEN))
     response = await client.get("/admin", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -144,7 +144,7 @@ async def test_admin_with_bearer_and_with_token_cookie(
     assert "last 6 h" in await followed.text()
 
 
-async def test_create_app_mounts_admin(aiohttp_client: ClientMaker, store: QueueStore) -> None:
+async def test_create_app_mounts_admin(store: QueueStore, aiohttp_client: ClientMaker) -> None:
     settings = Settings(
         forges=ForgeSettings(github_webhook_secret="s", gitlab_webhook_token="t"),
         web=WebSettings(admin_token=TOKEN),
@@ -156,7 +156,7 @@ async def test_create_app_mounts_admin(aiohttp_client: ClientMaker, store: Queue
 
 
 async def test_the_dashboard_lists_waiting_reviews_with_their_status_place_and_eta(
-    aiohttp_client: ClientMaker, store: QueueStore
+    store: QueueStore, aiohttp_client: ClientMaker
 ) -> None:
     """Next up: the reviews not started yet, by place, with the ETA their statuses give (the
     status publisher's standings, read back with its model, or the slots configured before)."""
@@ -184,7 +184,7 @@ async def test_the_dashboard_lists_waiting_reviews_with_their_status_place_and_e
 
 
 async def test_hostile_text_on_the_page_is_escaped(
-    aiohttp_client: ClientMaker, store: QueueStore
+    store: QueueStore, aiohttp_client: ClientMaker
 ) -> None:
     """What PR authors and engine operators choose reaches the page as text, never as markup."""
     clock = VirtualClock()

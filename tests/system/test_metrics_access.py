@@ -28,7 +28,7 @@ BEARER = {"Authorization": "Bearer admin-secret"}
 
 
 async def test_metrics_behind_the_admin_token(
-    aiohttp_client: ClientMaker, store: QueueStore
+    store: QueueStore, aiohttp_client: ClientMaker
 ) -> None:
     settings = BASE.with_changes(web={"metrics_require_token": True})
     client = await aiohttp_client(create_app(settings, store=store, clock=VirtualClock()))
@@ -52,7 +52,7 @@ async def test_requiring_a_token_without_one_refuses_to_start(store: QueueStore)
 
 
 async def test_metrics_on_a_port_of_their_own(
-    aiohttp_client: ClientMaker, store: QueueStore
+    store: QueueStore, aiohttp_client: ClientMaker
 ) -> None:
     app = create_app(
         BASE.with_changes(web={"metrics_port": 9464}), store=store, clock=VirtualClock()
@@ -106,7 +106,7 @@ def test_https_is_direct_tls_or_a_trusted_proxy() -> None:
 
 @pytest.mark.parametrize(("trust", "secure"), [(True, True), (False, False)])
 async def test_admin_cookie_is_secure_behind_a_trusted_https_proxy(
-    aiohttp_client: ClientMaker, store: QueueStore, trust: bool, secure: bool
+    store: QueueStore, aiohttp_client: ClientMaker, trust: bool, secure: bool
 ) -> None:
     settings = BASE.with_changes(web={"trust_forwarded_proto": trust})
     client = await aiohttp_client(create_app(settings, store=store, clock=VirtualClock()))
@@ -156,7 +156,7 @@ async def test_serve_puts_metrics_on_their_own_port(db_url: str) -> None:
 
 
 async def test_liveness_and_readiness_per_role(
-    aiohttp_client: ClientMaker, store: QueueStore
+    store: QueueStore, aiohttp_client: ClientMaker
 ) -> None:
     web_role = await aiohttp_client(create_app(BASE, store=store, clock=VirtualClock()))
     assert (await web_role.get("/livez")).status == 200
