@@ -8,6 +8,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 LLM ?= simulated
+# Test workers (pytest-xdist): more than the cores, since the system tests mostly wait on
+# processes, leases and the database; the vLLM tests and each line of fault drills keep to one
+# worker (tests/conftest.py, tests/system/test_faults.py). TEST_WORKERS=0 runs them in-process.
+TEST_WORKERS ?= 4
 
 .PHONY: test check demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm bench-engine bench-review bench-forge clean
 
@@ -34,7 +38,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check bot tests bench migrations
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 check: $(STAMP)
 	$(BIN)/ruff check bot tests bench migrations

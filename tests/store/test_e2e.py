@@ -234,7 +234,9 @@ async def _all_done(store: QueueStore, ids: list[int]) -> bool:
 async def test_a_push_during_review_supersedes_it_and_only_the_newest_is_posted(
     store: QueueStore, db_url: str, emulator: ForgeEmulator
 ) -> None:
-    bot = Bot(store, db_url, emulator, time_scale=0.1)  # 3 s overhead -> 0.3 s a chunk
+    # About 1.1 s a chunk of the first review (3 s overhead and 330 lines at 0.15 s, scaled):
+    # it is still running when the push arrives, and the newest review ends within 3 s.
+    bot = Bot(store, db_url, emulator, time_scale=0.02)
     try:
         files = generate_file_changes(changed_lines=2000, files=10, seed=22)
         pull = emulator.state.add_pull("github", "acme/shop", 41, files=files)
@@ -265,7 +267,8 @@ async def _chunks_done(store: QueueStore, job_id: int, *, at_least: int) -> bool
 async def test_a_crash_between_chunks_resumes_without_loss_or_duplicates(
     store: QueueStore, db_url: str, emulator: ForgeEmulator
 ) -> None:
-    bot = Bot(store, db_url, emulator, time_scale=0.1)
+    # About 1.5 s a chunk: the crash finds the third of several chunks running.
+    bot = Bot(store, db_url, emulator, time_scale=0.025)
     try:
         files = [*generate_file_changes(changed_lines=1600, files=8, seed=23), SMELLY]
         pull = emulator.state.add_pull("github", "acme/shop", 51, files=files)

@@ -57,11 +57,14 @@ PAUSE_BURST = 40
 COMMANDS = 6
 REPLY_MARKER_PATTERN = re.compile(r"<!-- review-bot:reply=(\d+) -->")
 
+# Under pytest-xdist (`make test`) the drills run in two lines, one drill of each at a time:
+# each starts several `bot serve` processes whose leases run on the wall clock, and two lines
+# keep them off each other's time on a two-core machine while halving their share of the run.
+DRILLS_A = pytest.mark.xdist_group("drills-a")
+DRILLS_B = pytest.mark.xdist_group("drills-b")
+
 pytestmark = [
     pytest.mark.slow,
-    # Under pytest-xdist the drills run one after another on one worker: each starts several
-    # `bot serve` processes whose leases run on the wall clock.
-    pytest.mark.xdist_group("drills"),
     # `bot serve` processes on the wall clock, taking any token.
     pytest.mark.emulator(github_tokens=set(), gitlab_tokens=set(), virtual_clock=False),
 ]
@@ -333,6 +336,7 @@ def _statuses_after_the_end(state: EmulatorState) -> list[str]:
     return late
 
 
+@DRILLS_A
 @pytest.mark.parametrize("point", ["chunks running", "before posting", "post on the wire"])
 async def test_a_dispatcher_killed_mid_burst_loses_and_repeats_nothing(
     point: str, db_url: str, emulator: ForgeEmulator, tmp_path: Path
@@ -390,6 +394,7 @@ async def test_a_dispatcher_killed_mid_burst_loses_and_repeats_nothing(
 DRAIN_LINE = re.compile(r"drained: (\d+) running chunks ended within [\d.]+ s, (\d+) handed back")
 
 
+@DRILLS_A
 @pytest.mark.parametrize(
     ("grace_s", "victim_scale"),
     [
@@ -484,6 +489,7 @@ async def test_a_dispatcher_stopped_mid_burst_drains_and_loses_nothing(
     )
 
 
+@DRILLS_B
 async def test_a_backend_raising_the_unexpected_loses_no_review(
     db_url: str, emulator: ForgeEmulator, tmp_path: Path
 ) -> None:
@@ -514,6 +520,7 @@ def cluster() -> Iterator[devdb.Cluster]:
         pytest.skip(f"no PostgreSQL cluster of our own to restart: {exc}")
 
 
+@DRILLS_B
 async def test_the_database_restarting_and_stopping_hard_is_survived(
     cluster: devdb.Cluster, emulator: ForgeEmulator, tmp_path: Path
 ) -> None:
@@ -553,6 +560,7 @@ async def test_the_database_restarting_and_stopping_hard_is_survived(
     print(f"database restarted and stopped hard: {outcomes}, drained {drain_s:.1f} s after")
 
 
+@DRILLS_B
 @pytest.mark.parametrize("point", ["chunks running", "before posting", "post on the wire"])
 async def test_a_dispatcher_paused_for_three_leases_writes_nothing_twice(
     point: str, db_url: str, emulator: ForgeEmulator, tmp_path: Path
@@ -667,6 +675,7 @@ async def _statuses_not_final(database_url: str) -> list[dict[str, object]]:
     return [dict(row) for row in rows]
 
 
+@DRILLS_A
 async def test_a_web_process_paused_with_command_replies_on_the_wire_replies_once(
     db_url: str, emulator: ForgeEmulator, tmp_path: Path
 ) -> None:
@@ -781,6 +790,7 @@ BUDGET_TIME_SCALE = 0.1  # a minute lasts 6 s
 BUDGET_BURST = 16
 
 
+@DRILLS_B
 async def test_two_dispatcher_processes_share_one_write_budget(
     db_url: str, emulator: ForgeEmulator, tmp_path: Path
 ) -> None:
