@@ -50,6 +50,7 @@ import aiohttp  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
 from bot.clock import SystemClock  # noqa: E402
+from bot.components import dispatcher_settings  # noqa: E402
 from bot.config import (  # noqa: E402
     DatabaseSettings,
     ForgeSettings,
@@ -76,7 +77,6 @@ from bot.policy import load_policy_book  # noqa: E402
 from bot.review.assemble import classify_skipped_file  # noqa: E402
 from bot.review.chunk_review import review_chunk  # noqa: E402
 from bot.review.chunking import plan_chunks  # noqa: E402
-from bot.sched.dispatcher import DispatcherSettings  # noqa: E402
 from bot.serve import open_store, run_role  # noqa: E402
 from bot.sim.replay import fresh_database  # noqa: E402
 from bot.sim.trace import Trace, TraceRequest  # noqa: E402
@@ -364,7 +364,7 @@ async def drain_through_bot(
                 clock=clock,
                 backend=backend,
                 dispatching=dataclasses.replace(
-                    DispatcherSettings.from_scheduler(settings.scheduler, owner=f"bench-{mode}"),
+                    dispatcher_settings(settings, owner=f"bench-{mode}"),
                     maintenance_s=5.0,
                 ),
                 budget=budget,

@@ -44,6 +44,7 @@ from sqlalchemy import text
 from bot.budget.decide import WriteValue
 from bot.budget.ledger import GITHUB_LIMITS, GITLAB_LIMITS, BudgetSettings, PostgresWriteBudget
 from bot.clock import EPOCH
+from bot.components import dispatcher_settings
 from bot.demo import ScaledClock, demo_settings, replay
 from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.limits import CONTENT_METHODS, NOT_CONTENT_ROUTES
@@ -53,7 +54,6 @@ from bot.forges.registry import ForgeOptions, build_forges
 from bot.llm.simulated import SimulatedBackend
 from bot.model import Forge, JobState, Level
 from bot.policy import load_policy_book
-from bot.sched.dispatcher import DispatcherSettings
 from bot.serve import open_store, run_role
 from bot.sim.trace import Trace, TraceShape, generate_trace
 
@@ -181,7 +181,7 @@ async def run_forge(url: str, forge: Forge, *, requests: int, speed: float, seed
             clock=clock,
             backend=backend,
             dispatching=replace(
-                DispatcherSettings.from_scheduler(settings.scheduler, owner="bench"),
+                dispatcher_settings(settings, owner="bench"),
                 maintenance_s=1.0,
             ),
             budget=ServedBudget(await served_line_budget(settings), settings.review.context_tokens),

@@ -9,8 +9,8 @@ from datetime import datetime
 from aiohttp import web
 
 from bot.clock import Clock, SystemClock
-from bot.commands.worker import CommandWorkerSettings, setup_commands
-from bot.components import queue_settings
+from bot.commands.worker import setup_commands
+from bot.components import command_worker_settings, queue_settings
 from bot.config import Settings
 from bot.errors import ConfigError, StoreError, StoreUnavailable, WebhookError
 from bot.forges.base import ForgeClient
@@ -146,9 +146,7 @@ def create_app(
             forges=forges,
             policies=book,
             clock=used_clock,
-            # A paused or dead web process's command claims are taken over after the
-            # shorter of two minutes and the lease every other claim runs on.
-            settings=CommandWorkerSettings(lease_s=min(120.0, settings.scheduler.lease_s)),
+            settings=command_worker_settings(settings),
         )
     return app
 

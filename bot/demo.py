@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from bot import devdb
 from bot.clock import EPOCH
+from bot.components import dispatcher_settings
 from bot.config import (
     REPO_ROOT,
     DatabaseSettings,
@@ -60,7 +61,6 @@ from bot.obs.reports import Report, ReportOptions, build_report, format_table
 from bot.policy import load_policy_book
 from bot.queue.sql import monitoring as monitoring_sql
 from bot.queue.store import QueueStore
-from bot.sched.dispatcher import DispatcherSettings
 from bot.serve import open_store, run_role
 from bot.sim.trace import Trace, TraceRequest, generate_trace, head_sha_for, load_trace
 
@@ -339,7 +339,7 @@ async def run_bot_demo(
             clock=clock,
             backend=backend,
             dispatching=replace(
-                DispatcherSettings.from_scheduler(settings.scheduler, owner="demo"),
+                dispatcher_settings(settings, owner="demo"),
                 maintenance_s=1.0,
             ),
             budget=await served_budget(settings),

@@ -17,12 +17,20 @@ from aiohttp import web
 from bot.app import create_app, create_worker_app, missing_webhook_secrets
 from bot.budget.ledger import PostgresWriteBudget
 from bot.clock import Clock, SystemClock
-from bot.components import queue_settings, session_timeouts
+from bot.components import (
+    budget_settings,
+    dispatcher_settings,
+    planning_settings,
+    posting_settings,
+    queue_settings,
+    session_timeouts,
+    status_settings,
+)
 from bot.config import Settings, check_scheduler_settings
 from bot.db import upgrade_database, wait_for_database
 from bot.engine_setup import ServedBudget, engine_pool_for, served_budget
 from bot.errors import ConfigError, StoreError
-from bot.forges.registry import ForgeRegistry, budget_settings, build_forges, configured_forges
+from bot.forges.registry import ForgeRegistry, build_forges, configured_forges
 from bot.lifecycle import Context, Process, closing, finish_loop, running
 from bot.llm.base import LLMBackend
 from bot.llm.factory import check_backend_choice, check_backend_settings, create_backend
@@ -31,13 +39,10 @@ from bot.pipeline import Pipeline, build_pipeline
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.plan_and_post import ReviewPipeline
-from bot.review.planner import PlanningSettings
-from bot.review.poster import PostingSettings
 from bot.review.quiet_post import quiet_posting
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
-from bot.status.decide import PublishRules
 from bot.status.eta import Capacity
-from bot.status.publisher import StatusPublisher, StatusSettings
+from bot.status.publisher import StatusPublisher
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +59,7 @@ def status_publisher(
         clock=dispatcher.clock,
         capacity=Capacity(slots=dispatcher.total_slots, mlfq=dispatcher.settings.mlfq),
         estimator=lambda: dispatcher.estimator,
-        settings=StatusSettings(
-            neutral_at=settings.status.neutral_at,
-            interval_s=settings.status.interval_s,
-            rules=PublishRules(updates_per_hour=settings.status.updates_per_hour),
-            # Held across passes: a publisher that stops passing (dead, paused) is taken over
-            # after a lease, and its writes are fenced from then on.
-            lease_s=max(settings.scheduler.lease_s, 3 * settings.status.interval_s),
-        ),
+        settings=status_settings(settings),
         # The ETA includes the wait for the write budget the forge clients spend from.
         budget=budget_settings(settings).limits,
     )
@@ -137,11 +135,7 @@ class RoleParts:
         self.host = host
         self.port = port
         self.backend = backend
-        self.dispatching = dispatching or DispatcherSettings.from_scheduler(
-            settings.scheduler,
-            owner=worker_name(),
-            outage_backoff_s=settings.database.outage_backoff_s,
-        )
+        self.dispatching = dispatching or dispatcher_settings(settings, owner=worker_name())
         self.budget = budget
         self.metrics = metrics
         self.app: web.Application | None = None
@@ -238,7 +232,6 @@ class RoleParts:
         if self.backend is None:
             raise RuntimeError("the review pipeline needs the LLM backend")
         settings = self.settings
-        lease_s = settings.scheduler.lease_s
         self.pipeline = build_pipeline(
             self.store,
             forges=self.forges,
@@ -246,12 +239,10 @@ class RoleParts:
             backend=self.backend,
             clock=self.clock,
             dispatcher=self.dispatching,
-            planning=PlanningSettings(
-                lease_s=lease_s,
-                line_budget=budget.line_budget,
-                context_tokens=budget.context_tokens,
+            planning=planning_settings(
+                settings, line_budget=budget.line_budget, context_tokens=budget.context_tokens
             ),
-            posting=PostingSettings(lease_s=lease_s),
+            posting=posting_settings(settings),
             metrics=self.metrics,
             quiet=quiet_posting(settings, self.store),
             # One window of chunks per LLM server (plain slots for the simulated backend).

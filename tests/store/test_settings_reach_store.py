@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from bot.clock import VirtualClock
-from bot.config import load_settings
+from bot.components import (
+    command_worker_settings,
+    dispatcher_settings,
+    planning_settings,
+    posting_settings,
+    status_settings,
+)
+from bot.config import Settings, load_settings
 from bot.model import LEVELS, JobState, Level
 from bot.sched.dispatcher import DispatcherSettings
 from bot.serve import open_store
@@ -47,10 +54,36 @@ async def test_max_attempts_and_chunk_backoff_reach_the_store(db_url: str) -> No
         await store.close()
 
 
+def _settings(environment: dict[str, str]) -> Settings:
+    return load_settings({"DATABASE_URL": "postgresql://bot@db/reviewbot", **environment})
+
+
 def test_learned_costs_reach_the_dispatcher_settings() -> None:
     def dispatching(environment: dict[str, str]) -> DispatcherSettings:
-        settings = load_settings({"DATABASE_URL": "postgresql://bot@db/reviewbot", **environment})
-        return DispatcherSettings.from_scheduler(settings.scheduler, owner="d")
+        return dispatcher_settings(_settings(environment), owner="d")
 
     assert not dispatching({}).learned_costs
     assert dispatching({"REVIEW_BOT_LEARNED_COSTS": "true"}).learned_costs
+
+
+def test_every_role_maps_the_settings_to_its_components_alike() -> None:
+    """bot serve, the demo and the benchmarks build their components' settings in one place
+    (bot.components): the database outage's backoff reaches every dispatcher (the demo's and
+    the benchmarks' used to keep the default), and the one lease reaches every claim."""
+    settings = _settings(
+        {
+            "REVIEW_BOT_RETRY_BACKOFF_S": "4",
+            "REVIEW_BOT_LEASE_S": "45",
+            "REVIEW_BOT_STATUS_INTERVAL_S": "20",
+        }
+    )
+    dispatching = dispatcher_settings(settings, owner="demo")
+    assert dispatching.outage_backoff_s == 4.0
+    assert dispatching.lease_s == 45.0
+    planning = planning_settings(settings, line_budget=300, context_tokens=2048)
+    assert (planning.lease_s, planning.line_budget, planning.context_tokens) == (45.0, 300, 2048)
+    assert posting_settings(settings).lease_s == 45.0
+    # The publisher's lease covers three of its passes; command claims last two minutes at most.
+    assert status_settings(settings).lease_s == 60.0
+    assert command_worker_settings(settings).lease_s == 45.0
+    assert command_worker_settings(_settings({"REVIEW_BOT_LEASE_S": "900"})).lease_s == 120.0
