@@ -21,7 +21,7 @@ from bot.obs.dashboard import QueuedReview, StandingsReader, setup_admin
 from bot.obs.liveness import stale_after
 from bot.obs.metrics import Metrics, metrics_exposure, setup_metrics
 from bot.policy import PolicyBook, load_policy_book
-from bot.queue.connector import Connector
+from bot.queue.status import StatusRecords
 from bot.queue.store import QueueStore
 from bot.status.eta import Capacity
 from bot.status.render import about, ordinal
@@ -39,12 +39,12 @@ RETRY_AFTER_S = 30
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def next_up_reader(connector: Connector, *, slots: int) -> StandingsReader:
+def next_up_reader(records: StatusRecords, *, slots: int) -> StandingsReader:
     """The dashboard's list of waiting reviews, from the status publisher's own standings."""
     fallback = EtaModel(Capacity(slots=max(1, slots)))
 
     async def read(now: datetime) -> list[QueuedReview]:
-        found = await read_standings(connector, now=now, fallback=fallback)
+        found = await read_standings(records, now=now, fallback=fallback)
         return [
             QueuedReview(
                 job_id=int(row.id),
@@ -112,7 +112,7 @@ def create_app(
     )
     metrics = setup_metrics(
         app,
-        connector=store.connector,
+        monitoring=store.monitoring,
         clock=used_clock,
         metrics=metrics,
         dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
@@ -122,16 +122,16 @@ def create_app(
     setup_admin(
         app,
         admin_token=settings.web.admin_token,
-        connector=store.connector,
+        monitoring=store.monitoring,
         clock=used_clock,
         thresholds=settings.alerts.threshold_s,
         dispatcher_stale_s=stale_after(settings.scheduler.heartbeat_s),
         trust_forwarded_proto=settings.web.trust_forwarded_proto,
-        standings=next_up_reader(store.connector, slots=settings.scheduler.workers),
+        standings=next_up_reader(store.status, slots=settings.scheduler.workers),
     )
     setup_alerts(
         app,
-        connector=store.connector,
+        monitoring=store.monitoring,
         settings=settings.alerts,
         clock=used_clock,
         metrics=metrics,
@@ -175,7 +175,7 @@ def create_worker_app(
     )
     setup_metrics(
         app,
-        connector=store.connector,
+        monitoring=store.monitoring,
         clock=clock,
         metrics=metrics,
         count_webhooks=False,

@@ -59,7 +59,6 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import FileChange, Forge, Job, JobState
 from bot.obs.reports import Report, ReportOptions, build_report, format_table
 from bot.policy import load_policy_book
-from bot.queue.sql import monitoring as monitoring_sql
 from bot.queue.store import QueueStore
 from bot.serve import open_store, run_role
 from bot.sim.trace import Trace, TraceRequest, generate_trace, head_sha_for, load_trace
@@ -413,7 +412,7 @@ async def print_results(
     long_table: bool = False,
 ) -> None:
     """Per-level waits from the database, what was posted, the alerts raised."""
-    report = await build_report(store.connector, "waits", ReportOptions())
+    report = await build_report(store.reports, "waits", ReportOptions())
     say("")
     say(f"done in {elapsed:.0f} s real ({trace_s:.0f} s of trace time).")
     say(waits_table(report.rows, long=long_table))
@@ -430,15 +429,11 @@ async def print_results(
         f"statuses on the commits: {len(statuses)} writes on {len(last_state)} heads, "
         f"now {dict(Counter(last_state.values()))}"
     )
-    waited = await store.connector.fetch_value(monitoring_sql.COUNT_ALERTS)
-    service = await store.connector.fetch_all(monitoring_sql.SELECT_OPERATIONAL_ALERT_MESSAGES)
+    waited = await store.monitoring.count_alerts()
+    service = await store.monitoring.operational_alert_messages()
     say(
         f"alerts: {waited} reviews waited past their level's threshold (bot report alerts); "
-        + (
-            "no service alert"
-            if not service
-            else "service alerts: " + "; ".join(str(row.message) for row in service)
-        )
+        + ("no service alert" if not service else "service alerts: " + "; ".join(service))
     )
     if not any(job.state == JobState.DONE for job in jobs):
         say(f"no review finished: see the bot's log ({LOG_PATH})")

@@ -54,7 +54,7 @@ def status_publisher(
 ) -> StatusPublisher:
     """The check run / commit status publisher, estimating with this dispatcher's slots."""
     return StatusPublisher(
-        store.connector,
+        store.status,
         forges,
         clock=dispatcher.clock,
         capacity=Capacity(slots=dispatcher.total_slots, mlfq=dispatcher.settings.mlfq),

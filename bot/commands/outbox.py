@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
-from bot.commands.inbox import ClaimedDelivery, CommandInbox
 from bot.errors import ForgeError, LeaseLost
 from bot.forges.base import (
     ForgeClient,
@@ -25,6 +24,7 @@ from bot.forges.base import (
     may_pass_later,
     render_reply_marker,
 )
+from bot.queue.commands import ClaimedDelivery, CommandInbox
 from bot.review.deferral import RetryBudget, retry_delay
 
 log = logging.getLogger(__name__)

@@ -23,14 +23,7 @@ from bot.commands.decide import (
     decide,
     render_reply,
 )
-from bot.commands.inbox import (
-    DONE_OUTCOME,
-    FAILED_OUTCOME,
-    REPLY_PENDING_OUTCOME,
-    ClaimedDelivery,
-    CommandInbox,
-    commands_of,
-)
+from bot.commands.inbox import commands_of
 from bot.commands.outbox import OutboxItem, build_outbox, run_outbox_pass
 from bot.errors import ForgeError, StoreError
 from bot.forges.base import (
@@ -43,8 +36,14 @@ from bot.lifecycle import cancelled_at_stop, running
 from bot.model import TERMINAL_JOB_STATES, Command, Forge, Job, ReviewRequest
 from bot.outage import OutageWatch
 from bot.policy import PolicyBook, evaluate
+from bot.queue.commands import (
+    DONE_OUTCOME,
+    FAILED_OUTCOME,
+    REPLY_PENDING_OUTCOME,
+    ClaimedDelivery,
+)
 from bot.queue.connector import Listener
-from bot.queue.store import COMMAND_CHANNEL, QueueStore, dedupe_key_for, request_from_json
+from bot.queue.store import QueueStore, dedupe_key_for, request_from_json
 from bot.review.deferral import RetryBudget
 from bot.status.eta import Capacity
 from bot.status.standing import EtaModel, read_standings
@@ -127,7 +126,7 @@ class CommandWorker:
         settings: CommandWorkerSettings | None = None,
     ) -> None:
         self.store = store
-        self.inbox = CommandInbox(store)
+        self.inbox = store.commands
         self.forges = forges
         self.policies = policies
         self.clock = clock
@@ -213,11 +212,11 @@ class CommandWorker:
         self._wake.set()
 
     async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Listener | None:
-        """LISTEN on the command channel through the store's connector, given `database_url`."""
+        """LISTEN for command deliveries through the store, given `database_url`."""
         if database_url is None:
             return None
         try:
-            return await self.store.connector.listen(COMMAND_CHANNEL, self._wake.set)
+            return await self.store.commands.listen(self._wake.set)
         except StoreError as exc:
             if not quiet:
                 log.warning(
@@ -529,9 +528,7 @@ class CommandWorker:
         estimate = None
         if job.state not in TERMINAL_JOB_STATES:
             fallback = EtaModel(Capacity(slots=self.settings.workers))
-            found = await read_standings(
-                self.store.connector, now=self.clock.now(), fallback=fallback
-            )
+            found = await read_standings(self.store.status, now=self.clock.now(), fallback=fallback)
             estimate = found.estimates.get(job.id)
         level_reason = None
         if job.level != job.base_level:

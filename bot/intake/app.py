@@ -92,7 +92,7 @@ async def handle_health(request: web.Request) -> web.Response:
     body: dict[str, Any] = {"status": "ok"}
     try:
         liveness = await read_liveness(
-            config.store.connector, now=config.clock.now(), stale_after_s=config.dispatcher_stale_s
+            config.store.monitoring, now=config.clock.now(), stale_after_s=config.dispatcher_stale_s
         )
     except StoreError as exc:
         body["liveness_error"] = str(exc)

@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -26,8 +25,7 @@ from bot.model import Level
 from bot.obs.liveness import no_dispatcher_message, read_liveness, stale_after
 from bot.obs.metrics import Metrics, read_queue_snapshot
 from bot.outage import OutageWatch
-from bot.queue.connector import Connector
-from bot.queue.sql import monitoring as sql
+from bot.queue.monitoring import MonitoringRecords
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +120,7 @@ def render_webhook_payload(
 class AlertMonitor:
     """Finds waiting jobs past their threshold, records and reports each one once."""
 
-    connector: Connector
+    monitoring: MonitoringRecords
     settings: AlertSettings
     metrics: Metrics | None = None
     session: aiohttp.ClientSession | None = None
@@ -138,9 +136,7 @@ class AlertMonitor:
         if not self.settings.threshold_s:
             return []
         cutoff = now - timedelta(seconds=min(self.settings.threshold_s.values()))
-        rows = await self.connector.fetch_all(
-            sql.SELECT_ALERT_CANDIDATES, {"cutoff": cutoff, "limit": self.limit}
-        )
+        rows = await self.monitoring.alert_candidates(cutoff=cutoff, limit=self.limit)
         waiting = [
             WaitingJob(
                 job_id=row.id,
@@ -158,7 +154,7 @@ class AlertMonitor:
         )
         if not due:
             return []
-        recorded = await self._record(
+        recorded = await self.monitoring.record_alerts(
             [
                 {
                     "job_id": alert.job_id,
@@ -190,22 +186,13 @@ class AlertMonitor:
             self.pending = (self.pending + fired)[-MAX_PENDING:]
         return fired
 
-    async def _record(self, rows: list[Mapping[str, Any]]) -> set[int]:
-        """Record alerts in one transaction; the job ids recorded now (not before)."""
-        recorded: set[int] = set()
-        async with self.connector.transaction() as conn:
-            for row in rows:
-                result = await conn.execute(sql.INSERT_ALERT, dict(row))
-                recorded.update(int(r.job_id) for r in result.all())
-        return recorded
-
     async def check_dispatchers(self, *, now: datetime) -> str | None:
         """Alert once per outage when work waits and no dispatcher is alive (not before this
         process has watched for one stale window: a dispatcher started with it may not have
         beaten yet); close the alert when one is back. Returns the message recorded, if any."""
-        queue = await read_queue_snapshot(self.connector, now=now)
+        queue = await read_queue_snapshot(self.monitoring, now=now)
         liveness = await read_liveness(
-            self.connector, now=now, stale_after_s=self.dispatcher_stale_s
+            self.monitoring, now=now, stale_after_s=self.dispatcher_stale_s
         )
         grace_s = min(self.settings.threshold_s.values(), default=60.0)
         if self.watching_since is None:
@@ -218,17 +205,16 @@ class AlertMonitor:
             watched_s=(now - self.watching_since).total_seconds(),
             stale_after_s=self.dispatcher_stale_s,
         )
-        parameters = {"kind": NO_DISPATCHER, "now": now}
         if message is None:
-            if liveness.dispatchers and await self.connector.write(
-                sql.RESOLVE_OPERATIONAL_ALERT, parameters
+            if liveness.dispatchers and await self.monitoring.resolve_operational_alert(
+                kind=NO_DISPATCHER, now=now
             ):
                 note = f"a dispatcher is alive again ({liveness.dispatchers} now)"
                 log.info("%s", note, extra={"action": "no_dispatcher_resolved"})
                 self._note(note)
             return None
-        opened = await self.connector.write(
-            sql.OPEN_OPERATIONAL_ALERT, {**parameters, "message": message}
+        opened = await self.monitoring.open_operational_alert(
+            kind=NO_DISPATCHER, now=now, message=message
         )
         if not opened:
             return None  # this outage was already reported, here or by another process
@@ -320,7 +306,7 @@ ALERT_MONITOR_KEY = web.AppKey("alert_monitor", AlertMonitor)
 
 def alert_context(
     *,
-    connector: Connector,
+    monitoring: MonitoringRecords,
     settings: AlertSettings,
     clock: Clock,
     metrics: Metrics | None = None,
@@ -332,7 +318,7 @@ def alert_context(
     async def alerts_running(app: web.Application) -> AsyncIterator[None]:
         session = aiohttp.ClientSession() if settings.webhook_url else None
         monitor = AlertMonitor(
-            connector=connector,
+            monitoring=monitoring,
             settings=settings,
             metrics=metrics,
             session=session,
@@ -357,7 +343,7 @@ def alert_context(
 def setup_alerts(
     app: web.Application,
     *,
-    connector: Connector,
+    monitoring: MonitoringRecords,
     settings: AlertSettings,
     clock: Clock | None = None,
     metrics: Metrics | None = None,
@@ -367,7 +353,7 @@ def setup_alerts(
     """Run the alert loop while the app runs."""
     app.cleanup_ctx.append(
         alert_context(
-            connector=connector,
+            monitoring=monitoring,
             settings=settings,
             clock=clock or SystemClock(),
             metrics=metrics,

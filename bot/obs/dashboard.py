@@ -27,8 +27,7 @@ from bot.model import LEVELS, Level
 from bot.obs.access import bearer_token, came_over_https, token_matches
 from bot.obs.liveness import Liveness, read_liveness, stale_after
 from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
-from bot.queue.connector import Connector
-from bot.queue.sql import monitoring as sql
+from bot.queue.monitoring import MonitoringRecords
 from bot.stats import percentile
 
 COOKIE_NAME = "review_bot_admin"
@@ -124,7 +123,7 @@ class DashboardView:
 
 
 async def read_dashboard(
-    connector: Connector,
+    monitoring: MonitoringRecords,
     *,
     now: datetime,
     hours: float,
@@ -133,11 +132,11 @@ async def read_dashboard(
 ) -> DashboardView:
     """Read the page's data; raises StoreUnavailable or StoreError."""
     since = now - timedelta(hours=hours)
-    queue = await read_queue_snapshot(connector, now=now)
-    liveness = await read_liveness(connector, now=now, stale_after_s=dispatcher_stale_s)
-    rows = await connector.fetch_all(sql.SELECT_STARTED_WAITS, {"since": since, "until": now})
-    alerts = await connector.fetch_all(sql.SELECT_RECENT_ALERTS, {"limit": 20})
-    engine_rows = await connector.fetch_all(sql.SELECT_ENGINE_WORK, {"since": since, "until": now})
+    queue = await read_queue_snapshot(monitoring, now=now)
+    liveness = await read_liveness(monitoring, now=now, stale_after_s=dispatcher_stale_s)
+    rows = await monitoring.started_waits(since=since, until=now)
+    alerts = await monitoring.recent_alerts(limit=20)
+    engine_rows = await monitoring.engine_work(since=since, until=now)
     engines_since = since
     waits = [
         WaitPoint(level=Level(row.level), started_at=row.first_started_at, wait_s=row.wait_s)
@@ -457,7 +456,7 @@ def render_dashboard(view: DashboardView) -> str:
 class AdminConfig:
     """What /admin needs."""
 
-    connector: Connector
+    monitoring: MonitoringRecords
     clock: Clock
     admin_token: str | None
     thresholds: Mapping[Level, float]
@@ -526,7 +525,7 @@ async def handle_admin(request: web.Request) -> web.StreamResponse:
     ):
         return _refuse()
     view = await read_dashboard(
-        config.connector,
+        config.monitoring,
         now=config.clock.now(),
         hours=_hours(request.query.get("hours")),
         thresholds=config.thresholds,
@@ -541,17 +540,17 @@ def setup_admin(
     app: web.Application,
     *,
     admin_token: str | None,
-    connector: Connector,
+    monitoring: MonitoringRecords,
     clock: Clock,
     thresholds: Mapping[Level, float] | None = None,
     dispatcher_stale_s: float = stale_after(30.0),
     trust_forwarded_proto: bool = False,
     standings: StandingsReader | None = None,
 ) -> None:
-    """Add `GET /admin`, reading the queue through `connector` (and where reviews stand through
+    """Add `GET /admin`, reading the queue through `monitoring` (and where reviews stand through
     `standings`)."""
     app[ADMIN_KEY] = AdminConfig(
-        connector=connector,
+        monitoring=monitoring,
         clock=clock,
         admin_token=admin_token or None,
         dispatcher_stale_s=dispatcher_stale_s,

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.queue.connector import Connector
-from bot.queue.sql import monitoring as sql
+from bot.queue.monitoring import MonitoringRecords
 
 STALE_HEARTBEATS = 3
 # Dispatchers that died this long ago still show on the dashboard, then drop off.
@@ -141,9 +140,11 @@ def beat_from_row(row: Mapping[str, Any]) -> DispatcherBeat:
     )
 
 
-async def read_liveness(connector: Connector, *, now: datetime, stale_after_s: float) -> Liveness:
+async def read_liveness(
+    monitoring: MonitoringRecords, *, now: datetime, stale_after_s: float
+) -> Liveness:
     """Read recent heartbeats and count what is alive; raises StoreUnavailable/StoreError."""
     since = now - timedelta(seconds=max(RECENT_S, stale_after_s))
-    rows = await connector.fetch_all(sql.SELECT_DISPATCHERS, {"since": since})
+    rows = await monitoring.dispatchers(since=since)
     beats: Sequence[DispatcherBeat] = [beat_from_row(dict(row._mapping)) for row in rows]
     return summarize_liveness(beats, now=now, stale_after_s=stale_after_s)

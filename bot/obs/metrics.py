@@ -29,8 +29,7 @@ from bot.errors import ConfigError, StoreError
 from bot.model import ANCHOR_OUTCOMES, LEVELS, Level
 from bot.obs.access import bearer_token, token_matches
 from bot.obs.liveness import read_liveness, stale_after
-from bot.queue.connector import Connector
-from bot.queue.sql import monitoring as sql
+from bot.queue.monitoring import MonitoringRecords
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +92,10 @@ def build_snapshot(
     )
 
 
-async def read_queue_snapshot(connector: Connector, *, now: datetime) -> QueueSnapshot:
+async def read_queue_snapshot(monitoring: MonitoringRecords, *, now: datetime) -> QueueSnapshot:
     """Read the queue per level now; raises StoreUnavailable."""
-    jobs = await connector.fetch_all(sql.SELECT_QUEUE_JOBS)
-    chunks = await connector.fetch_all(sql.SELECT_QUEUE_CHUNKS, {"now": now})
+    jobs = await monitoring.queue_jobs()
+    chunks = await monitoring.queue_chunks(now=now)
     return build_snapshot(
         (dict(row._mapping) for row in jobs), (dict(row._mapping) for row in chunks), now=now
     )
@@ -383,7 +382,7 @@ class MetricsConfig:
     """What the /metrics handler needs."""
 
     metrics: Metrics
-    connector: Connector
+    monitoring: MonitoringRecords
     clock: Clock
     dispatcher_stale_s: float = stale_after(30.0)
     token: str | None = None  # when set, scrapes must present it as a bearer token
@@ -429,11 +428,11 @@ async def handle_metrics(request: web.Request) -> web.Response:
         )
     now = config.clock.now()
     try:
-        snapshot = await read_queue_snapshot(config.connector, now=now)
+        snapshot = await read_queue_snapshot(config.monitoring, now=now)
         liveness = await read_liveness(
-            config.connector, now=now, stale_after_s=config.dispatcher_stale_s
+            config.monitoring, now=now, stale_after_s=config.dispatcher_stale_s
         )
-        budgets = await config.connector.fetch_all(sql.SELECT_FORGE_BUDGETS, {"now": now})
+        budgets = await config.monitoring.forge_budgets(now=now)
     except StoreError as exc:
         # Serve the counters anyway; the queue and liveness gauges keep their last values.
         config.metrics.scrape_errors.inc()
@@ -449,7 +448,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
 def setup_metrics(
     app: web.Application,
     *,
-    connector: Connector,
+    monitoring: MonitoringRecords,
     clock: Clock,
     metrics: Metrics | None = None,
     count_webhooks: bool = True,
@@ -457,7 +456,7 @@ def setup_metrics(
     token: str | None = None,
     route: bool = True,
 ) -> Metrics:
-    """Add `GET /metrics`, reading the queue and the dispatchers' heartbeats through `connector`.
+    """Add `GET /metrics`, reading the queue and the dispatchers' heartbeats through `monitoring`.
 
     With `route=False` the metrics are kept (and webhooks counted) but served elsewhere:
     `create_metrics_app` puts them on a port of their own.
@@ -466,7 +465,7 @@ def setup_metrics(
     app[METRICS_KEY] = used
     app[METRICS_CONFIG_KEY] = MetricsConfig(
         metrics=used,
-        connector=connector,
+        monitoring=monitoring,
         clock=clock,
         dispatcher_stale_s=dispatcher_stale_s,
         token=token,

@@ -33,16 +33,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import TextClause
 from sqlalchemy.exc import ProgrammingError
 
 from bot.clock import SystemClock
 from bot.config import Settings
-from bot.db import create_engine
 from bot.errors import ConfigError, ReviewBotError, StoreError
 from bot.model import LEVELS, Level
-from bot.queue.connector import Connector
-from bot.queue.sql import reports as sql
+from bot.queue.reports import STATEMENTS, ReportQueries
+from bot.queue.store import QueueStore
 from bot.stats import profile_verdict
 
 SUCCESS_REDUCTION = 0.5  # the seed's success criterion: mean wait down at least 50%
@@ -52,17 +50,6 @@ class ReportError(ReviewBotError):
     """A report could not be built (unknown name, bad period, missing grant)."""
 
 
-STATEMENTS: Mapping[str, TextClause] = {
-    "waits": sql.WAITS,
-    "durations": sql.DURATIONS,
-    "workers": sql.WORKERS,
-    "engines": sql.ENGINES,
-    "repos": sql.REPOS,
-    "largest": sql.LARGEST,
-    "commands": sql.COMMANDS,
-    "failures": sql.FAILURES,
-    "alerts": sql.ALERTS,
-}
 REPORT_NAMES: tuple[str, ...] = (*STATEMENTS, "compare")
 # What each report shows, for `bot report -h`.
 REPORT_HELP: Mapping[str, str] = {
@@ -171,15 +158,12 @@ def _parameters(options: ReportOptions) -> dict[str, Any]:
     }
 
 
-async def build_report(connector: Connector, name: str, options: ReportOptions) -> Report:
+async def build_report(reports: ReportQueries, name: str, options: ReportOptions) -> Report:
     """Run one named report; raises ReportError, StoreUnavailable or StoreError."""
-    statement = STATEMENTS.get(name)
-    if statement is None:
+    if name not in STATEMENTS:
         raise ReportError(f"unknown report {name!r}; choose from {', '.join(REPORT_NAMES)}")
-    parameters = _parameters(options)
-    used = {key: value for key, value in parameters.items() if f":{key}" in str(statement)}
     try:
-        found = await connector.fetch_read_only(statement, used)
+        found = await reports.run(name, _parameters(options))
     except StoreError as exc:
         # The statement was refused (no such view, no grant): the role or the schema is wrong.
         if isinstance(exc.__cause__, ProgrammingError):
@@ -348,7 +332,7 @@ def read_summary_file(path: str) -> dict[str, Any]:
 
 
 async def load_side(
-    value: str, *, connector_for: Callable[[], Connector], options: ReportOptions
+    value: str, *, reports_for: Callable[[], ReportQueries], options: ReportOptions
 ) -> dict[str, Any]:
     """A `bot simulate --json` file, or a period read from the database."""
     if _is_file(value):
@@ -365,7 +349,7 @@ async def load_side(
         limit=options.limit,
         now=options.now,
     )
-    report = await build_report(connector_for(), "waits", window)
+    report = await build_report(reports_for(), "waits", window)
     return summary_from_waits(report.rows, source=value)
 
 
@@ -460,31 +444,29 @@ async def run_report(args: argparse.Namespace, settings: Settings) -> Report:
     """Build the report the arguments ask for; raises ConfigError, ReportError, StoreError."""
     name = str(args.name)
     options = options_from(args, settings)
-    connector: Connector | None = None
+    store: QueueStore | None = None
 
-    def connector_for() -> Connector:
-        nonlocal connector
+    def reports_for() -> ReportQueries:
+        nonlocal store
         if not settings.database.url:
             raise ConfigError("DATABASE_URL is not set: reports read the queue database")
-        if connector is None:
-            connector = Connector(
-                create_engine(
-                    settings.database.url, pool_size=1, application_name="review-bot-report"
-                )
+        if store is None:
+            store = QueueStore.from_url(
+                settings.database.url, pool_size=1, application_name="review-bot-report"
             )
-        return connector
+        return store.reports
 
     try:
         if name == "compare":
             if not args.before or not args.after:
                 raise ReportError("compare needs --before A and --after B")
-            before = await load_side(args.before, connector_for=connector_for, options=options)
-            after = await load_side(args.after, connector_for=connector_for, options=options)
+            before = await load_side(args.before, reports_for=reports_for, options=options)
+            after = await load_side(args.after, reports_for=reports_for, options=options)
             return compare_summaries(before, after)
-        return await build_report(connector_for(), name, options)
+        return await build_report(reports_for(), name, options)
     finally:
-        if connector is not None:
-            await connector.close()
+        if store is not None:
+            await store.close()
 
 
 def run_report_command(args: argparse.Namespace, settings: Settings) -> int:

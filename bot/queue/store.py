@@ -1,34 +1,44 @@
 """The queue store: one object over PostgreSQL, composed of parts split by what they manage.
 
 Jobs and intake (jobs.py), job levels (levels.py), chunks and their leases (chunks.py),
-posting claims (posting.py), the history (history.py) and what finished reviews cost
-(costs.py) are each a small class holding the connector; each decides its SQL from its own
+posting claims (posting.py), the history (history.py), what finished reviews cost (costs.py),
+review findings (findings.py), slash-command deliveries (commands.py), check runs and
+statuses (status.py), monitoring's reads and heartbeats (monitoring.py) and the admin reports
+(reports.py) are each a small class holding the connector; each decides its SQL from its own
 named statements (bot/queue/sql/), the connector (connector.py) runs it, and rows become models
-in one place (records.py). Slash commands keep their inbox in bot/commands/inbox.py, review
-findings theirs in findings.py.
+in one place (records.py). The forges' shared write budget keeps its ledger in bot.budget.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.db import SessionTimeouts, create_engine
 from bot.queue.base import QueueSettings
 from bot.queue.chunks import ChunkLeases
-from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, Connector
+from bot.queue.commands import CommandInbox
+from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, Connector, Listener
 from bot.queue.costs import CostRow, JobCost, ReviewCosts
+from bot.queue.findings import FindingStore
 from bot.queue.history import JobHistory
 from bot.queue.jobs import JobRecords, dedupe_key_for, request_from_json, request_to_json
 from bot.queue.levels import JobLevels
+from bot.queue.monitoring import MonitoringRecords
 from bot.queue.posting import PostingClaims
 from bot.queue.records import ChunkOutcome, HistoryEntry, Leased, LevelLoad, SubmitResult
+from bot.queue.reports import ReportQueries
+from bot.queue.status import StatusRecords
 
 
 class QueueStore:
     """The queue's parts over one connector, and each part's operations under one name.
 
-    `store.chunks.fetch_chunk` and `store.fetch_chunk` are the same method: callers use the
-    store and need not know which part does what; the table below says.
+    `store.chunks.fetch_chunk` and `store.fetch_chunk` are the same method: the queue's own
+    operations are named on the store, so callers need not know which part does what (the
+    table below says). The parts other stages own the meaning of (findings, commands, status,
+    monitoring, reports) are reached through the part: `store.status.live_jobs()`.
     """
 
     def __init__(self, engine: AsyncEngine, *, settings: QueueSettings | None = None) -> None:
@@ -41,6 +51,11 @@ class QueueStore:
         self.posting = PostingClaims(self.connector, self.settings)
         self.history = JobHistory(self.connector, self.settings)
         self.costs = ReviewCosts(self.connector, self.settings)
+        self.commands = CommandInbox(self.connector)
+        self.findings = FindingStore(self.connector)
+        self.status = StatusRecords(self.connector)
+        self.monitoring = MonitoringRecords(self.connector)
+        self.reports = ReportQueries(self.connector)
         # levels
         self.set_level = self.levels.set_level
         self.apply_aging = self.levels.apply_aging
@@ -104,6 +119,10 @@ class QueueStore:
 
     async def close(self) -> None:
         await self.connector.close()
+
+    async def listen_for_work(self, callback: Callable[[], None]) -> Listener:
+        """Call `callback` whenever work may be ready (LISTEN on the queue channel)."""
+        return await self.connector.listen(QUEUE_CHANNEL, callback)
 
     async def ping(self) -> None:
         """Check the database answers; raises StoreUnavailable."""

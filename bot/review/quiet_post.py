@@ -71,7 +71,7 @@ def quiet_posting(settings: Settings, store: QueueStore) -> QuietPosting | None:
     if not settings.review.quiet:
         return None
     return QuietPosting(
-        FindingStore(store.connector),
+        store.findings,
         QuietSettings(
             min_inline_severity=settings.review.min_inline_severity,
             inline_cap=settings.review.inline_cap,

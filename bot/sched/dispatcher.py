@@ -15,7 +15,7 @@ from bot.errors import LeaseLost, LLMError, LLMRequestRejected, StoreError
 from bot.lifecycle import cancelled_at_stop, running
 from bot.model import Job
 from bot.outage import OutageWatch
-from bot.queue.connector import QUEUE_CHANNEL, Listener
+from bot.queue.connector import Listener
 from bot.queue.store import Leased
 from bot.sched.mlfq import SCHEDULING_POLICIES, SchedulingPolicy
 from bot.sched.ports import ReviewedChunk
@@ -181,7 +181,7 @@ class Dispatcher(DispatcherCore):
     def presence(self) -> Presence:
         """This dispatcher's row in `dispatchers`: its slots, running chunks and engines."""
         return Presence(
-            self.store.connector,
+            self.store.monitoring,
             name=self.settings.owner,
             slots=self.total_slots,
             engines=lambda: backend_engines(self.backend, self.engines),
@@ -240,11 +240,11 @@ class Dispatcher(DispatcherCore):
         return finished, released
 
     async def _listen(self, database_url: str | None, *, quiet: bool = False) -> Listener | None:
-        """LISTEN on the queue channel through the store's connector, given `database_url`."""
+        """LISTEN for work through the store, given `database_url`."""
         if database_url is None:
             return None
         try:
-            return await self.store.connector.listen(QUEUE_CHANNEL, self._wake.set)
+            return await self.store.listen_for_work(self._wake.set)
         except StoreError as exc:
             if not quiet:
                 log.warning(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -15,8 +14,7 @@ from typing import Any
 
 from bot.clock import Clock
 from bot.errors import StoreError
-from bot.queue.connector import Connector
-from bot.queue.sql import monitoring as sql
+from bot.queue.monitoring import MonitoringRecords
 from bot.sched.engine_pool import EnginePool
 
 log = logging.getLogger(__name__)
@@ -60,7 +58,7 @@ def backend_engines(backend: object, pool: EnginePool | None = None) -> list[dic
 class Presence:
     """Writes one dispatcher's row in `dispatchers`: a beat now and then, a goodbye at stop."""
 
-    connector: Connector
+    monitoring: MonitoringRecords
     name: str
     slots: int
     engines: Callable[[], list[dict[str, Any]]]
@@ -73,24 +71,21 @@ class Presence:
         """Say this dispatcher is alive at `now`; raises StoreUnavailable/StoreError."""
         if self.started_at is None:
             self.started_at = now
-        await self.connector.write(
-            sql.UPSERT_DISPATCHER,
-            {
-                "name": self.name,
-                "host": self.host,
-                "pid": self.pid,
-                "started_at": self.started_at,
-                "now": now,
-                "slots": self.slots,
-                "running": self.running(),
-                "engines": json.dumps(self.engines()),
-            },
+        await self.monitoring.beat(
+            name=self.name,
+            host=self.host,
+            pid=self.pid,
+            started_at=self.started_at,
+            now=now,
+            slots=self.slots,
+            running=self.running(),
+            engines=self.engines(),
+            forget_before=now - FORGET_AFTER,
         )
-        await self.connector.write(sql.PRUNE_DISPATCHERS, {"before": now - FORGET_AFTER})
 
     async def leave(self, *, now: datetime) -> None:
         """Say this dispatcher stopped (so it does not read as crashed); raises StoreError."""
-        await self.connector.write(sql.MARK_DISPATCHER_STOPPED, {"name": self.name, "now": now})
+        await self.monitoring.leave(name=self.name, now=now)
 
 
 async def keep_present(presence: Presence, *, clock: Clock, interval_s: float) -> None:

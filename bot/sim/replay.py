@@ -205,7 +205,7 @@ async def replay_trace(
     eta: EtaRecorder | None = None
     if record_eta:
         eta = EtaRecorder(
-            store.connector,
+            store.status,
             capacity=Capacity(slots=slots, mlfq=dispatcher.settings.mlfq),
             estimator=lambda: dispatcher.estimator,
         )

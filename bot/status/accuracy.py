@@ -12,13 +12,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bot.model import LEVELS, JobState, Level
-from bot.queue.connector import Connector
-from bot.queue.sql import status as sql
+from bot.queue.status import StatusRecords
 from bot.sched.mlfq import ServiceEstimator
 from bot.stats import percentile
 from bot.status.calibrate import EtaLearner
 from bot.status.eta import Capacity
-from bot.status.standing import calibrated, estimate_rows, fetch_arrivals, fetch_live_rows
+from bot.status.standing import calibrated, estimate_rows, fetch_arrivals
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +63,13 @@ class EtaRecorder:
 
     def __init__(
         self,
-        connector: Connector,
+        records: StatusRecords,
         *,
         capacity: Capacity,
         estimator: Callable[[], ServiceEstimator],
         learn: bool = True,
     ) -> None:
-        self.connector = connector
+        self.records = records
         self.capacity = capacity
         self.estimator = estimator
         self.learner = EtaLearner() if learn else None
@@ -80,11 +79,11 @@ class EtaRecorder:
     async def observe(self, now: datetime) -> int:
         """Give every review not seen before its ETA, as the status would show it; how many."""
         await self._learn()
-        rows = await fetch_live_rows(self.connector)
+        rows = await self.records.live_jobs()
         if not any(int(row.id) not in self.promises for row in rows):
             return 0
         estimator = self.estimator()
-        arrivals = await fetch_arrivals(self.connector, estimator=estimator, now=now)
+        arrivals = await fetch_arrivals(self.records, estimator=estimator, now=now)
         raw = estimate_rows(
             rows, capacity=self.capacity, estimator=estimator, now=now, arrivals=arrivals
         )
@@ -112,7 +111,7 @@ class EtaRecorder:
         waiting = [job_id for job_id in self.promises if self.learner.promised(job_id)]
         if not waiting:
             return
-        ended = await self.connector.fetch_all(sql.SELECT_ENDED_AMONG, {"ids": waiting})
+        ended = await self.records.ended_among(waiting)
         for row in ended:
             if JobState(row.state) == JobState.DONE and row.finished_at is not None:
                 self.learner.finished(int(row.id), row.finished_at)

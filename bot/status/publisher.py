@@ -35,8 +35,8 @@ from bot.forges.statuses import (
     gitlab_state_of,
 )
 from bot.model import JobState, Level
-from bot.queue.connector import STATUS_CHANNEL, Connector, Listener
-from bot.queue.sql import status as sql
+from bot.queue.connector import Listener
+from bot.queue.status import StatusRecords
 from bot.sched.mlfq import ServiceEstimator
 from bot.status.calibrate import EtaLearner
 from bot.status.decide import (
@@ -124,7 +124,7 @@ class StatusPublisher:
 
     def __init__(
         self,
-        connector: Connector,
+        records: StatusRecords,
         forges: Mapping[str, StatusWriter],
         *,
         clock: Clock,
@@ -133,7 +133,7 @@ class StatusPublisher:
         settings: StatusSettings | None = None,
         budget: Mapping[str, BudgetLimits] | None = None,
     ) -> None:
-        self.connector = connector
+        self.records = records
         self.budget = dict(budget) if budget is not None else dict(DEFAULT_LIMITS)
         self.forges = forges
         self.clock = clock
@@ -164,55 +164,43 @@ class StatusPublisher:
             and now - self._kept[1] < MODEL_REFRESH
         ):
             return
-        await save_model(self.connector, model, now=now)
+        await save_model(self.records, model, now=now)
         self._kept = (model, now)
 
     async def _owed_rows(self) -> list[Any]:
-        return await self.connector.fetch_all(sql.SELECT_OWED, {"limit": self.settings.ended_batch})
+        return await self.records.owed(limit=self.settings.ended_batch)
 
     async def _settle(self, row: Any) -> None:
-        await self.connector.write(
-            sql.SETTLE_OWED, {"job_id": int(row.id), "republish": bool(row.republish)}
-        )
+        await self.records.settle_owed(job_id=int(row.id), republish=bool(row.republish))
 
     async def _gitlab_heads(self, due: Sequence[_Due]) -> dict[tuple[str, str], str]:
         """GitLab's state on each head that a due write targets."""
         shas = sorted({item.row.head_sha for item in due if item.row.forge == "gitlab"})
         if not shas:
             return {}
-        rows = await self.connector.fetch_all(
-            sql.SELECT_HEAD_STATES, {"forge": "gitlab", "shas": shas}
-        )
+        rows = await self.records.head_states(forge="gitlab", shas=shas)
         return {
             (row.repo, row.head_sha): gitlab_state_of(row.state, row.conclusion) for row in rows
         }
 
     async def _lead(self, now: datetime) -> int | None:
         """Take or renew the publisher's lease; the attempt held, or None (another leads)."""
-        held = await self.connector.write(
-            sql.ACQUIRE_LEASE,
-            {
-                "name": PUBLISHER_LEASE,
-                "owner": self.settings.owner,
-                "now": now,
-                "until": now + timedelta(seconds=self.settings.lease_s),
-            },
+        return await self.records.lead(
+            name=PUBLISHER_LEASE,
+            owner=self.settings.owner,
+            now=now,
+            until=now + timedelta(seconds=self.settings.lease_s),
         )
-        return int(held[0].attempt) if held else None
 
     async def _may_write(self, row: Any, report: StatusReport) -> bool:
         """Whether this pass's attempt still leads, and the job can still take the status."""
-        found = await self.connector.fetch_value(
-            sql.MAY_WRITE,
-            {
-                "name": PUBLISHER_LEASE,
-                "owner": self.settings.owner,
-                "attempt": self.attempt,
-                "job_id": int(row.id),
-                "final": report.state == "completed",
-            },
+        return await self.records.may_write(
+            name=PUBLISHER_LEASE,
+            owner=self.settings.owner,
+            attempt=self.attempt,
+            job_id=int(row.id),
+            final=report.state == "completed",
         )
-        return found is not None
 
     async def publish_once(self, now: datetime) -> PassResult:
         """Look at the queue once and write what moved enough; returns what it did."""
@@ -254,7 +242,7 @@ class StatusPublisher:
     async def _due(self, now: datetime, result: PassResult) -> list[_Due]:
         model = self.model()
         await self._keep_model(model, now)
-        standing = await standings(self.connector, model, now=now)
+        standing = await standings(self.records, model, now=now)
         for row in standing.rows:
             job_id = int(row.id)
             self.learner.promise(
@@ -469,8 +457,7 @@ class StatusPublisher:
     ) -> bool:
         """Remember a write; whether it was recorded (not when this attempt no longer leads)."""
         try:
-            recorded = await self.connector.write(
-                sql.RECORD_REPORT,
+            recorded = await self.records.record_report(
                 {
                     "job_id": int(row.id),
                     "forge": row.forge,
@@ -549,11 +536,11 @@ class StatusPublisher:
     async def _listen(
         self, database_url: str | None, wake: asyncio.Event, *, quiet: bool = False
     ) -> Listener | None:
-        """LISTEN for job state changes through the connector, given `database_url`."""
+        """LISTEN for job state changes, given `database_url`."""
         if database_url is None:
             return None
         try:
-            return await self.connector.listen(STATUS_CHANNEL, wake.set)
+            return await self.records.listen(wake.set)
         except StoreError as exc:
             if not quiet:
                 log.warning(

@@ -9,7 +9,6 @@ same queue, so the three say the same place and ETA.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
@@ -19,8 +18,7 @@ from bot.budget.decide import BudgetLimits
 from bot.budget.ledger import DEFAULT_LIMITS
 from bot.budget.model import posting_waits
 from bot.model import LEVELS, Level
-from bot.queue.connector import Connector
-from bot.queue.sql import status as sql
+from bot.queue.status import StatusRecords
 from bot.sched.mlfq import MlfqSettings, ServiceEstimator
 from bot.status.calibrate import Calibration
 from bot.status.eta import Arrivals, Capacity, Estimate, estimate_queue
@@ -55,17 +53,12 @@ def live_calls(row: Any) -> LiveCalls:
     )
 
 
-async def fetch_live_rows(connector: Connector) -> list[Any]:
-    """Every live job with its calls and its last written status."""
-    return await connector.fetch_all(sql.SELECT_LIVE_JOBS)
-
-
 async def fetch_arrivals(
-    connector: Connector, *, estimator: ServiceEstimator, now: datetime
+    records: StatusRecords, *, estimator: ServiceEstimator, now: datetime
 ) -> Arrivals | None:
     """The stream of reviews of the last ARRIVALS_WINDOW_S, as the ETA expects more of it."""
-    params = {"since": now - timedelta(seconds=ARRIVALS_WINDOW_S), "now": now}
-    rows = await connector.fetch_all(sql.SELECT_RECENT_ARRIVALS, params)
+    since = now - timedelta(seconds=ARRIVALS_WINDOW_S)
+    rows = await records.recent_arrivals(since=since, now=now)
     recent = [(Level(row.level), None if row.lines is None else int(row.lines)) for row in rows]
     return arrivals_of(recent, estimator=estimator)
 
@@ -151,16 +144,16 @@ class Standings:
     estimates: Mapping[int, Estimate]  # as shown: scaled by the learnt factors
 
 
-async def standings(connector: Connector, model: EtaModel, *, now: datetime) -> Standings:
+async def standings(records: StatusRecords, model: EtaModel, *, now: datetime) -> Standings:
     """Place, start and end of every live review, as its status says them."""
-    rows = await fetch_live_rows(connector)
-    arrivals = await fetch_arrivals(connector, estimator=model.estimator, now=now)
+    rows = await records.live_jobs()
+    arrivals = await fetch_arrivals(records, estimator=model.estimator, now=now)
     raw = estimate_rows(
         rows, capacity=model.capacity, estimator=model.estimator, now=now, arrivals=arrivals
     )
     shown = {job_id: calibrated(estimate, model.calibration) for job_id, estimate in raw.items()}
     since = now - timedelta(seconds=max(limits.horizon_s for limits in model.budget.values()))
-    writes = await connector.fetch_all(sql.SELECT_RECENT_WRITES, {"since": since})
+    writes = await records.recent_writes(since=since)
     spent: dict[str, list[float]] = {}
     for write in writes:
         spent.setdefault(str(write.budget_key), []).append((write.spent_at - now).total_seconds())
@@ -220,17 +213,14 @@ def waited(estimates: Mapping[int, Estimate], waits: Mapping[int, float]) -> dic
     }
 
 
-async def save_model(connector: Connector, model: EtaModel, *, now: datetime) -> None:
+async def save_model(records: StatusRecords, model: EtaModel, *, now: datetime) -> None:
     """Keep the model the publisher estimates with, for every other process."""
-    await connector.write(
-        sql.UPSERT_ETA_MODEL,
-        {"name": MODEL_NAME, "model": json.dumps(model_to_json(model)), "now": now},
-    )
+    await records.save_eta_model(name=MODEL_NAME, model=model_to_json(model), now=now)
 
 
-async def load_model(connector: Connector, *, fallback: EtaModel) -> EtaModel:
+async def load_model(records: StatusRecords, *, fallback: EtaModel) -> EtaModel:
     """The publisher's model, or `fallback` while none was kept (or it cannot be read)."""
-    stored = await connector.fetch_value(sql.SELECT_ETA_MODEL, {"name": MODEL_NAME})
+    stored = await records.eta_model(name=MODEL_NAME)
     if not isinstance(stored, dict):
         return fallback
     try:
@@ -239,9 +229,9 @@ async def load_model(connector: Connector, *, fallback: EtaModel) -> EtaModel:
         return fallback
 
 
-async def read_standings(connector: Connector, *, now: datetime, fallback: EtaModel) -> Standings:
+async def read_standings(records: StatusRecords, *, now: datetime, fallback: EtaModel) -> Standings:
     """Where every live review stands, with the publisher's model (`fallback` before one)."""
-    return await standings(connector, await load_model(connector, fallback=fallback), now=now)
+    return await standings(records, await load_model(records, fallback=fallback), now=now)
 
 
 __all__ = [
@@ -253,7 +243,6 @@ __all__ = [
     "calibrated",
     "estimate_rows",
     "fetch_arrivals",
-    "fetch_live_rows",
     "live_calls",
     "load_model",
     "model_from_json",

@@ -29,6 +29,7 @@ from bot.obs.alerts import (
 )
 from bot.obs.metrics import Metrics
 from bot.queue.connector import Connector
+from bot.queue.monitoring import MonitoringRecords
 from bot.queue.store import QueueStore
 from bot.sched.presence import Presence
 from tests.support.factories import decide, make_request, plans
@@ -125,7 +126,7 @@ async def test_alert_fires_while_waiting_exactly_once_across_two_loops(
     settings = AlertSettings(threshold_s=THRESHOLDS)
     metrics = (Metrics(), Metrics())
     monitors = [
-        AlertMonitor(connector=connector, settings=settings, metrics=m)
+        AlertMonitor(monitoring=MonitoringRecords(connector), settings=settings, metrics=m)
         for connector, m in zip(connectors, metrics, strict=True)
     ]
     hotfix = await _submit(store, 1, Level.P0, clock)
@@ -163,7 +164,7 @@ async def test_alert_fires_while_waiting_exactly_once_across_two_loops(
 
 async def _dispatcher_alive(store: QueueStore, clock: VirtualClock) -> None:
     """A dispatcher's heartbeat at the clock's now (fresh for three heartbeats)."""
-    presence = Presence(store.connector, name="d1", slots=2, engines=lambda: [], running=lambda: 0)
+    presence = Presence(store.monitoring, name="d1", slots=2, engines=lambda: [], running=lambda: 0)
     await presence.beat(now=clock.now())
 
 
@@ -205,7 +206,10 @@ async def test_webhook_posts_batched_and_rate_limited(
     metrics = Metrics()
     async with aiohttp.ClientSession() as session:
         monitor = AlertMonitor(
-            connector=connectors[0], settings=settings, metrics=metrics, session=session
+            monitoring=MonitoringRecords(connectors[0]),
+            settings=settings,
+            metrics=metrics,
+            session=session,
         )
         first = [await _submit(store, n, Level.P0, clock) for n in (10, 11)]
         clock.advance(11)
@@ -248,7 +252,7 @@ async def test_alert_loop_runs_as_cleanup_ctx(
     app = web.Application()
     setup_alerts(
         app,
-        connector=connector,
+        monitoring=MonitoringRecords(connector),
         settings=AlertSettings(threshold_s=THRESHOLDS, webhook_url=url),
         clock=clock,
         interval_s=0.02,

@@ -23,7 +23,6 @@ from bot.llm.base import LLMRequest, LLMResponse
 from bot.model import FileChange, Forge, JobState, Level, PolicyDecision
 from bot.obs.metrics import Metrics
 from bot.pipeline import build_pipeline
-from bot.queue.findings import FindingStore
 from bot.queue.store import QueueStore
 from bot.review.anchor import index_files
 from bot.review.comments import inline_comment, review_diff
@@ -170,7 +169,7 @@ async def test_findings_land_where_they_belong_and_the_outcomes_are_counted(
         backend=ErringModel(),
         clock=SystemClock(),
         metrics=metrics,
-        quiet=QuietPosting(FindingStore(store.connector)) if quiet else None,
+        quiet=QuietPosting(store.findings) if quiet else None,
         dispatcher=DispatcherSettings(
             owner="anchor-test", policy="mlfq", slots=1, poll_s=0.1, mlfq=MlfqSettings()
         ),

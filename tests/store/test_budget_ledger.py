@@ -27,6 +27,7 @@ from bot.forges.base import RetryPolicy
 from bot.forges.github import GitHubClient
 from bot.obs.metrics import setup_metrics
 from bot.queue.connector import Connector
+from bot.queue.monitoring import MonitoringRecords
 from tests.support.pipeline_helpers import APP_ID
 from tests.support.web import ClientMaker, samples
 
@@ -224,7 +225,7 @@ async def test_metrics_show_the_budget_left_per_installation(
     await budget.spend(KEY, action="post_review", value=WriteValue.REVIEW)
     await budget.hold(KEY, 30)
     app = web.Application()
-    setup_metrics(app, connector=connectors[1], clock=clock)
+    setup_metrics(app, monitoring=MonitoringRecords(connectors[1]), clock=clock)
     client = await aiohttp_client(app)
     values = samples(await (await client.get("/metrics")).text())
     labels = (("budget", str(KEY)),)

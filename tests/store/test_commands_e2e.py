@@ -15,7 +15,6 @@ from sqlalchemy import text
 from bot.app import create_app
 from bot.clock import VirtualClock
 from bot.commands.decide import REPLY_MARKER
-from bot.commands.inbox import CommandInbox
 from bot.commands.worker import (
     COMMAND_WORKER_KEY,
     CommandWorker,
@@ -225,7 +224,7 @@ async def test_status_says_the_place_and_eta_the_commit_status_says(harness: Har
         await harness.store.plan_job(job_id, plans(40, 40), now=harness.clock.now())
         numbers.append(number)
     statuses = StatusPublisher(
-        harness.store.connector,
+        harness.store.status,
         {"github": harness.forges["github"]},
         clock=harness.clock,
         capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),
@@ -321,7 +320,7 @@ async def test_a_claim_whose_worker_died_is_taken_over_once(harness: Harness) ->
     number, job_id = await harness.open_pull(labels=["refactor"])
     harness.state.set_permission(REPO, "lead", "write")
     await harness.comment(number, "/review priority p1", user="lead")
-    inbox = CommandInbox(harness.store)
+    inbox = harness.store.commands
     claimed = await inbox.claim_pending_commands(
         owner="dead-worker", now=harness.clock.now(), limit=10, lease_s=120, max_age_s=3600
     )
@@ -343,7 +342,7 @@ async def test_a_stale_claim_attempt_writes_nothing_even_for_the_same_worker(
 ) -> None:
     number, _ = await harness.open_pull()
     await harness.comment(number, "/review status", user="lead")
-    inbox = CommandInbox(harness.store)
+    inbox = harness.store.commands
     claim = {"limit": 10, "lease_s": 120, "max_age_s": 3600}
     [stale] = await inbox.claim_pending_commands(owner="w", now=harness.clock.now(), **claim)
     harness.clock.advance(121)  # the worker paused past its lease; it takes the claim again

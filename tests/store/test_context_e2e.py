@@ -18,7 +18,6 @@ from bot.llm.base import LLMRequest, LLMResponse
 from bot.llm.simulated import SimulatedBackend
 from bot.model import JobState, Level, PolicyDecision
 from bot.pipeline import build_pipeline
-from bot.queue.findings import FindingStore
 from bot.queue.store import QueueStore
 from bot.review.planned_diffs import PlannedDiffs
 from bot.review.planner import PlanningSettings
@@ -369,7 +368,7 @@ async def test_a_review_reads_the_pull_request_once_and_a_re_read_answers_304(
     )
     # Not kept: as when another process posts, or this one forgot the diff planning read.
     planned = PlannedDiffs() if kept else PlannedDiffs(max_chars=0)
-    quiet = QuietPosting(FindingStore(store.connector), planned=planned)
+    quiet = QuietPosting(store.findings, planned=planned)
     await review(store, db_url, forges, pull, quiet=quiet)
 
     assert emulator.state.posted(forge="github", repo="acme/shop", number=11)

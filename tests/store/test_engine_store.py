@@ -56,7 +56,7 @@ async def test_leases_name_their_engine_and_the_load_is_counted_per_engine(
     assert (row["prompt_tokens"], row["completion_tokens"]) == (900, 120)
     assert float(row["gpu_s"]) == 1.5 and float(row["latency_s"]) == 4.0
     assert float(row["tokens_per_gpu_s"]) == 80.0
-    report = await build_report(store.connector, "engines", ReportOptions())
+    report = await build_report(store.reports, "engines", ReportOptions())
     assert [(r["engine"], r["chunks"], r["completion_tokens"]) for r in report.rows] == [
         ("http://gpu0", 1, 120)
     ]
@@ -86,7 +86,7 @@ async def test_the_dashboard_draws_each_engines_utilization(
             result={"status": "ok", "usage": {"completion_tokens": 100}},
         )
     clock.advance(3600)
-    view = await read_dashboard(store.connector, now=clock.now(), hours=1.0, thresholds={})
+    view = await read_dashboard(store.monitoring, now=clock.now(), hours=1.0, thresholds={})
     assert [(work.engine, work.chunks) for work in view.engines] == [
         ("http://gpu0", 2),
         ("http://gpu1", 1),

@@ -89,7 +89,7 @@ async def test_a_monitor_started_beside_its_dispatcher_raises_no_false_alarm(
     settings = AlertSettings(threshold_s=THRESHOLDS)
     await store.submit_request(make_request(number=5), decide(Level.P1), now=clock.now())
     clock.advance(120)  # waiting long past every threshold
-    monitor = AlertMonitor(connector=store.connector, settings=settings, dispatcher_stale_s=6.0)
+    monitor = AlertMonitor(monitoring=store.monitoring, settings=settings, dispatcher_stale_s=6.0)
     assert await monitor.check_dispatchers(now=clock.now()) is None
     clock.advance(2)
     await _presence(store, "host-1", []).beat(now=clock.now())
@@ -128,7 +128,9 @@ async def test_backend_engines_name_each_server_and_its_rotation() -> None:
 
 
 def _presence(store: QueueStore, name: str, engines: list[dict[str, Any]]) -> Presence:
-    return Presence(store.connector, name=name, slots=4, engines=lambda: engines, running=lambda: 1)
+    return Presence(
+        store.monitoring, name=name, slots=4, engines=lambda: engines, running=lambda: 1
+    )
 
 
 async def test_heartbeats_come_and_go(store: QueueStore, clock: VirtualClock) -> None:
@@ -136,16 +138,16 @@ async def test_heartbeats_come_and_go(store: QueueStore, clock: VirtualClock) ->
     second = _presence(store, "host-2", [{"name": "http://gpu1", "alive": True}])
     await first.beat(now=clock.now())
     await second.beat(now=clock.now())
-    liveness = await read_liveness(store.connector, now=clock.now(), stale_after_s=STALE_S)
+    liveness = await read_liveness(store.monitoring, now=clock.now(), stale_after_s=STALE_S)
     assert (liveness.dispatchers, liveness.engines) == (2, 1)
     assert {beat.name: beat.running for beat in liveness.beats} == {"host-1": 1, "host-2": 1}
     await second.leave(now=clock.now())
     clock.advance(60)
     await first.beat(now=clock.now())
-    liveness = await read_liveness(store.connector, now=clock.now(), stale_after_s=STALE_S)
+    liveness = await read_liveness(store.monitoring, now=clock.now(), stale_after_s=STALE_S)
     assert liveness.dispatchers == 1
     clock.advance(91)  # host-1 crashed after its last beat
-    liveness = await read_liveness(store.connector, now=clock.now(), stale_after_s=STALE_S)
+    liveness = await read_liveness(store.monitoring, now=clock.now(), stale_after_s=STALE_S)
     assert (liveness.dispatchers, liveness.engines) == (0, 0)
 
 
@@ -169,7 +171,7 @@ async def test_each_engines_prefix_cache_hit_rate_reaches_the_dashboard(
         store, "host-2", [{"name": "http://gpu1", "alive": True, "prefix_cache_hit_rate": 0.75}]
     )
     await newer.beat(now=clock.now())
-    liveness = await read_liveness(store.connector, now=clock.now(), stale_after_s=STALE_S)
+    liveness = await read_liveness(store.monitoring, now=clock.now(), stale_after_s=STALE_S)
     # The freshest report wins; an engine whose server says nothing has no rate.
     assert liveness.prefix_cache_hit_rate == {"http://gpu1": 0.75}
     now = clock.now()
@@ -177,7 +179,7 @@ async def test_each_engines_prefix_cache_hit_rate_reaches_the_dashboard(
         DashboardView(
             now=now,
             since=now - timedelta(hours=1),
-            queue=await read_queue_snapshot(store.connector, now=now),
+            queue=await read_queue_snapshot(store.monitoring, now=now),
             waits=[],
             alerts=[],
             engines=[
@@ -205,7 +207,7 @@ async def test_a_running_dispatcher_beats_and_says_goodbye(store: QueueStore, db
     runner = asyncio.create_task(dispatcher.run(database_url=db_url))
     try:
         for _ in range(200):  # the loop beats on real time; wait for its first row
-            liveness = await read_liveness(store.connector, now=clock.now(), stale_after_s=STALE_S)
+            liveness = await read_liveness(store.monitoring, now=clock.now(), stale_after_s=STALE_S)
             if liveness.dispatchers:
                 break
             await asyncio.sleep(0.02)
@@ -214,7 +216,7 @@ async def test_a_running_dispatcher_beats_and_says_goodbye(store: QueueStore, db
     finally:
         dispatcher.stop()
         await runner
-    liveness = await read_liveness(store.connector, now=clock.now(), stale_after_s=STALE_S)
+    liveness = await read_liveness(store.monitoring, now=clock.now(), stale_after_s=STALE_S)
     assert liveness.dispatchers == 0 and liveness.beats[0].stopped_at is not None
 
 
@@ -289,14 +291,14 @@ async def test_alert_when_work_waits_and_no_dispatcher_is_alive(
     async with aiohttp.ClientSession() as session:
         monitors = [
             AlertMonitor(
-                connector=store.connector,
+                monitoring=store.monitoring,
                 settings=settings,
                 metrics=metrics,
                 session=session,
                 dispatcher_stale_s=6.0,
             ),
             AlertMonitor(
-                connector=store.connector,
+                monitoring=store.monitoring,
                 settings=settings,
                 session=session,
                 dispatcher_stale_s=6.0,

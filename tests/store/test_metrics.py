@@ -12,6 +12,7 @@ from bot.db import create_engine
 from bot.model import Level
 from bot.obs.metrics import METRICS_KEY, Metrics, setup_metrics, webhook_outcome
 from bot.queue.connector import Connector
+from bot.queue.monitoring import MonitoringRecords
 from bot.queue.store import QueueStore
 from tests.support.factories import decide, make_request, plans
 from tests.support.web import ClientMaker, samples
@@ -78,7 +79,7 @@ async def test_scrape_reads_the_queue_from_the_database(
     store: QueueStore, aiohttp_client: ClientMaker, clock: VirtualClock
 ) -> None:
     app = web.Application()
-    setup_metrics(app, connector=store.connector, clock=clock)
+    setup_metrics(app, monitoring=store.monitoring, clock=clock)
     client = await aiohttp_client(app)
     jobs = {}
     for number, level in ((1, Level.P0), (2, Level.P1), (3, Level.P1), (4, Level.P3)):
@@ -121,7 +122,7 @@ async def test_scrape_reads_the_queue_from_the_database(
 async def test_scrape_survives_a_database_outage(aiohttp_client: ClientMaker) -> None:
     connector = Connector(create_engine("postgresql://nobody@127.0.0.1:1/none", pool_size=1))
     app = web.Application()
-    metrics = setup_metrics(app, connector=connector, clock=VirtualClock())
+    metrics = setup_metrics(app, monitoring=MonitoringRecords(connector), clock=VirtualClock())
     client = await aiohttp_client(app)
     try:
         response = await client.get("/metrics")

@@ -28,7 +28,7 @@ async def test_an_installation_whose_minute_is_spent_moves_its_reviews_eta_and_n
         await store.plan_job(submitted.job_id, plans(40), now=now)
         jobs[installation] = submitted.job_id
     model = EtaModel(Capacity(slots=2))
-    before = (await standings(store.connector, model, now=now)).estimates
+    before = (await standings(store.status, model, now=now)).estimates
     # Installation 7 spent its minute's 80 writes in the last 20 s.
     for index in range(80):
         await store.connector.write(
@@ -43,7 +43,7 @@ async def test_an_installation_whose_minute_is_spent_moves_its_reviews_eta_and_n
                 "job_id": None,
             },
         )
-    after = await standings(store.connector, model, now=now)
+    after = await standings(store.status, model, now=now)
     moved = after.estimates[jobs[7]].finish_in_s - before[jobs[7]].finish_in_s
     # Its review ends in well under 40 s, then waits for the minute's first write to age out.
     assert before[jobs[7]].finish_in_s < 40.0

@@ -34,7 +34,7 @@ from bot.llm.base import LLMRequest
 from bot.llm.simulated import SimulatedBackend
 from bot.model import LEVELS, FileChange, Job, JobState, Level
 from bot.policy import load_policy_book
-from bot.queue.findings import FindingStore, PullRef
+from bot.queue.findings import PullRef
 from bot.queue.store import QueueSettings, QueueStore
 from bot.review.plan_and_post import ReviewPipeline
 from bot.review.prompts import build_messages
@@ -108,7 +108,7 @@ class QuietBot:
         self.server = TestServer(
             create_app(settings, store=store, policies=self.book, clock=clock), host="127.0.0.1"
         )
-        self.findings = FindingStore(store.connector)
+        self.findings = store.findings
         self.pipeline = ReviewPipeline(store, forges, self.book, quiet=QuietPosting(self.findings))
         self.backend = SimulatedBackend()
         self.commands = CommandWorker(store, forges=forges, policies=self.book, clock=clock)

@@ -34,6 +34,7 @@ from bot.obs.reports import (
     success_verdict,
 )
 from bot.queue.connector import Connector
+from bot.queue.reports import ReportQueries
 from bot.queue.store import QueueStore
 from tests.support.factories import decide, make_request
 from tests.support.obs_helpers import replayed_database
@@ -73,7 +74,7 @@ async def replayed(pg_server: str, template_database: str) -> AsyncIterator[tupl
 async def _report(url: str, name: str, **options: Any) -> Any:
     connector = Connector(create_engine(url, pool_size=1))
     try:
-        return await build_report(connector, name, ReportOptions(slots=2, **options))
+        return await build_report(ReportQueries(connector), name, ReportOptions(slots=2, **options))
     finally:
         await connector.close()
 
@@ -124,7 +125,7 @@ async def test_psql_views_are_the_reports(replayed: tuple[str, Any], name: str, 
     try:
         # The views judge "still waiting" now, as the report does when given the time.
         options = ReportOptions(slots=8, now=datetime.now(UTC))
-        report = await build_report(connector, name, options)
+        report = await build_report(ReportQueries(connector), name, options)
     finally:
         await connector.close()
     connection = await asyncpg.connect(plain_url(url))
@@ -336,10 +337,10 @@ async def test_breaches_count_jobs_still_waiting_past_the_threshold(store: Queue
     )
     assert stuck.job_id is not None
     options = ReportOptions(now=EPOCH + timedelta(seconds=60))
-    levels = _by_level((await build_report(store.connector, "waits", options)).rows)
+    levels = _by_level((await build_report(store.reports, "waits", options)).rows)
     # Measured at the window's end when that comes first.
     early = ReportOptions(until=EPOCH + timedelta(seconds=9), now=EPOCH + timedelta(hours=1))
-    before_threshold = _by_level((await build_report(store.connector, "waits", early)).rows)
+    before_threshold = _by_level((await build_report(store.reports, "waits", early)).rows)
     assert (levels["P0"]["jobs"], levels["P0"]["started"], levels["P0"]["waiting"]) == (2, 0, 2)
     assert levels["P0"]["breaches"] == 1  # 60 s > 10 s; the other has waited 5 s
     assert levels["all"]["breaches"] == 1

@@ -444,7 +444,7 @@ async def test_the_publisher_wakes_when_a_job_changes_state_not_on_a_timer(
     """An hour between passes for news: every state change still shows at once (NOTIFY from
     the trigger on review_jobs)."""
     statuses = StatusPublisher(
-        store.connector,
+        store.status,
         {"github": token_client(emulator, session, clock)},
         clock=clock,
         capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),

@@ -31,7 +31,7 @@ def publisher(
     rules: PublishRules | None = None,
 ) -> StatusPublisher:
     return StatusPublisher(
-        store.connector,
+        store.status,
         forges,
         clock=clock,
         capacity=Capacity(slots=2, mlfq=MlfqSettings(reserved_slots=0)),

@@ -34,6 +34,7 @@ from bot.obs.dashboard import (
 )
 from bot.obs.metrics import read_queue_snapshot
 from bot.queue.connector import Connector
+from bot.queue.monitoring import MonitoringRecords
 from bot.queue.store import QueueStore
 from tests.support.factories import decide, make_request, plans
 from tests.support.obs_helpers import replayed_database
@@ -89,7 +90,7 @@ def test_bearer_token_parsing() -> None:
 
 def _admin_app(store: QueueStore, clock: VirtualClock, token: str | None) -> web.Application:
     app = web.Application()
-    setup_admin(app, admin_token=token, connector=store.connector, clock=clock)
+    setup_admin(app, admin_token=token, monitoring=store.monitoring, clock=clock)
     return app
 
 
@@ -207,7 +208,7 @@ async def test_hostile_text_on_the_page_is_escaped(
     view = DashboardView(
         now=now,
         since=now - timedelta(hours=1),
-        queue=await read_queue_snapshot(store.connector, now=now),
+        queue=await read_queue_snapshot(store.monitoring, now=now),
         waits=[],
         alerts=[{"fired_at": now, "level": "P1", "repo": "<img src=x onerror=alert(2)>",
                  "number": 7, "waited_s": 90.0, "state": '"><script>x</script>'}],
@@ -237,10 +238,14 @@ async def dashboard_url(pg_server: str, template_database: str) -> AsyncIterator
             )
             assert waiting.job_id is not None
             clock.advance(25)
-            monitor = AlertMonitor(connector=connector, settings=AlertSettings())
+            monitor = AlertMonitor(
+                monitoring=MonitoringRecords(connector), settings=AlertSettings()
+            )
             assert len(await monitor.check(now=clock.now())) == 1
             app = web.Application()
-            setup_admin(app, admin_token=TOKEN, connector=connector, clock=clock)
+            setup_admin(
+                app, admin_token=TOKEN, monitoring=MonitoringRecords(connector), clock=clock
+            )
             server = TestServer(app, host="127.0.0.1")
             await server.start_server()
             try:

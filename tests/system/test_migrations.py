@@ -13,7 +13,6 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from bot.commands.inbox import CommandInbox
 from bot.db import (
     MIGRATION_LOCK_KEY,
     async_url,
@@ -229,7 +228,7 @@ async def test_retry_column_migrations_keep_state_in_flight(db_url: str) -> None
             early = await store.fetch_unplanned_jobs(now=retry_at - timedelta(seconds=1))
             [due] = await store.fetch_unplanned_jobs(now=retry_at)
             assert not early and due.id == job_id and due.planning_failures == 2
-            taken = await CommandInbox(store).claim_pending_commands(
+            taken = await store.commands.claim_pending_commands(
                 owner="commands-2", now=retry_at, limit=10, lease_s=60, max_age_s=86400
             )
             assert {(item.id, item.attempts) for item in taken} == {(claimed, 4), (deferred, 2)}
