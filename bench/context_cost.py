@@ -88,7 +88,7 @@ def measure(review: Review, *, context_tokens: int) -> Cost:
         state=JobState.QUEUED,
         enqueued_at=EPOCH,
         title=review.title,
-        request={"title": review.title, "description": review.description},
+        pull_details={"title": review.title, "description": review.description},
     )
     changes = PullChanges(
         base_sha="1" * 40, head_sha="0" * 40, start_sha="1" * 40, files=review.files

@@ -200,7 +200,11 @@ class Job:
     gpu_seconds: float = 0.0
     depends_on: tuple[int, ...] = ()
     planned: bool = False
-    request: Mapping[str, Any] = field(default_factory=dict)
+    # What the webhook said of the pull request (title, description, draft, the installation
+    # or project to answer through, who asked) and what planning added to it (the diff's
+    # heads, the increment, skipped and excluded files, settings notes, context reads): the
+    # review_jobs.request column.
+    pull_details: Mapping[str, Any] = field(default_factory=dict)
     # The attempt numbers of the job's planning and posting claims (fencing tokens).
     planning_attempt: int = 0
     posting_attempt: int = 0

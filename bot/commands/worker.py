@@ -591,7 +591,7 @@ class CommandWorker:
 def request_of(job: Job) -> ReviewRequest | None:
     """The job's stored request for a new review of it (None when fields are missing); the new
     job is not the old delivery's."""
-    request = request_from_json(job.request)
+    request = request_from_json(job.pull_details)
     return None if request is None else replace(request, delivery_id=None)
 
 

@@ -117,7 +117,7 @@ async def review_mutant(
         # read through the forge; here the text is the mutant's own).
         chunk_plans = with_contexts(chunk_plans, {mutant.path: mutant.head_text})
     request = {**plan.details, "title": job.title, "description": DESCRIPTION}
-    job = replace(job, request=request, chunks_total=len(chunk_plans))
+    job = replace(job, pull_details=request, chunks_total=len(chunk_plans))
     reviewer = chunk_reviewer(
         backend, max_tokens=answer_tokens, context_tokens=settings.context_tokens
     )

@@ -136,7 +136,7 @@ def job_from_row(row: Row[Any]) -> Job:
         gpu_seconds=data["gpu_seconds"],
         depends_on=tuple(data["depends_on"] or ()),
         planned=data["planned"],
-        request=data["request"] or {},
+        pull_details=data["request"] or {},
         planning_attempt=int(data.get("planning_attempt") or 0),
         posting_attempt=int(data.get("posting_attempt") or 0),
         retry_at=data.get("retry_at"),

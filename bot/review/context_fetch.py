@@ -130,8 +130,8 @@ async def read_sources(
                     path,
                     ref=changes.head_sha,
                     blob_sha=blobs.get(path),
-                    project_id=job.request.get("project_id"),
-                    installation_id=job.request.get("installation_id"),
+                    project_id=job.pull_details.get("project_id"),
+                    installation_id=job.pull_details.get("installation_id"),
                 )
             except ForgeError as exc:
                 failed += 1
@@ -155,7 +155,7 @@ async def read_sources(
                     files_to_read(chunks),
                     ref=changes.head_sha,
                     blob_shas=blobs,
-                    installation_id=job.request.get("installation_id"),
+                    installation_id=job.pull_details.get("installation_id"),
                 )
             )
         except ForgeError as exc:

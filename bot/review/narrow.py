@@ -79,10 +79,10 @@ def settings_details(
 
 def settings_refusal(job: Job, settings: RepoSettings) -> str | None:
     """Why the repository's settings say not to review this job, or None (pure)."""
-    asked = bool((job.request.get("extra") or {}).get("requested_by"))
+    asked = bool((job.pull_details.get("extra") or {}).get("requested_by"))
     if not settings.auto and not asked:
         return f"automatic reviews are off in {SETTINGS_PATH}; ask with /review"
-    if not settings.drafts and job.request.get("draft"):
+    if not settings.drafts and job.pull_details.get("draft"):
         return f"drafts are not reviewed ({SETTINGS_PATH})"
     return None
 
@@ -147,7 +147,7 @@ class IncrementNarrower:
         kept, excluded = select_files(changes.files, settings)
         changes = replace(changes, files=kept)
         extra = settings_details(settings, notes, excluded)
-        if (job.request.get("extra") or {}).get(FULL_REVIEW_KEY) == "full":
+        if (job.pull_details.get("extra") or {}).get(FULL_REVIEW_KEY) == "full":
             reason = "a full review was asked for"
             return scope_of(changes, full_review(changes.files, reason), extra)
         last = await self.findings.last_reviewed(pull, job_id=job.id)

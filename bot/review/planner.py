@@ -109,7 +109,7 @@ class PlanningOutcome:
 
 def request_of(job: Job) -> ReviewRequest | None:
     """The job's stored ReviewRequest, or None when the job carries no usable request."""
-    return request_from_json(job.request)
+    return request_from_json(job.pull_details)
 
 
 def reevaluate(
@@ -230,8 +230,8 @@ async def plan_one_job(
         changes = await client.fetch_changes(
             job.repo,
             job.number,
-            project_id=job.request.get("project_id"),
-            installation_id=job.request.get("installation_id"),
+            project_id=job.pull_details.get("project_id"),
+            installation_id=job.pull_details.get("installation_id"),
         )
         scope = await scope_review(job, changes, now) if scope_review is not None else None
         fetched = changes  # the whole pull request's diff (the scope may narrow `changes`)
@@ -284,7 +284,7 @@ async def plan_one_job(
     if settings.context_tokens > 0 and plan.chunks:
         # The prompt shows the title and description the job will hold once `details` is
         # merged into its request (bot/review/prompt_context.shared_context_for).
-        shown = {**job.request, **details}
+        shown = {**job.pull_details, **details}
         reads = await read_sources(
             client,
             job,

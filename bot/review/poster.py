@@ -116,10 +116,10 @@ def build_review(
     """The review to post for a job from its chunk results, marker included (pure)."""
     assembled = assemble_review(
         [review_chunk_of(chunk) for chunk in chunks],
-        skipped=list(job.request.get("skipped") or ()),
+        skipped=list(job.pull_details.get("skipped") or ()),
         max_comments=max_comments,
     )
-    diff: Mapping[str, Any] = job.request.get("diff") or {}
+    diff: Mapping[str, Any] = job.pull_details.get("diff") or {}
     diff_of = review_diff(file for chunk in chunks for file in chunk.files)
     head_sha = str(diff.get("head_sha") or job.head_sha)
     body = f"{assembled.summary}\n\n<sub>review-bot, commit {head_sha[:12]}</sub>"
@@ -263,7 +263,7 @@ async def post_job_review(
     held = posting_guard(store, job.id, fence, settings=settings, clock=clock)
     context = {"job_id": job.id, "forge": job.forge}
     assembled: AssembledReview | None = None
-    client.use_installation(job.repo, job.request.get("installation_id"))
+    client.use_installation(job.repo, job.pull_details.get("installation_id"))
     try:
         # Only an earlier attempt can have posted this job's review: a first one does not look.
         first_attempt = fence.attempt == 1

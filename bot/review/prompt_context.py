@@ -298,8 +298,8 @@ def shared_context_for(
     contexts, fitted to `budget_tokens`; None without a job or an allowance."""
     if job is None or budget_tokens <= 0:
         return None
-    title = str(job.request.get("title") or job.title or "")
-    description = str(job.request.get("description") or "")
+    title = str(job.pull_details.get("title") or job.title or "")
+    description = str(job.pull_details.get("description") or "")
     return fit_shared_context(title, description, file_contexts(files), budget_tokens=budget_tokens)
 
 

@@ -81,7 +81,7 @@ def quiet_posting(settings: Settings, store: QueueStore) -> QuietPosting | None:
 
 def settings_for(job: Job, defaults: QuietSettings) -> QuietSettings:
     """The server defaults, with what the repository's settings file set for this job."""
-    chosen: Mapping[str, Any] = job.request.get("quiet") or {}
+    chosen: Mapping[str, Any] = job.pull_details.get("quiet") or {}
     try:
         return QuietSettings(
             min_inline_severity=str(
@@ -104,7 +104,7 @@ def listed_stored(item: StoredFinding) -> ListedFinding:
 
 def inline_review(job: Job, decision: QuietDecision, chunks: Sequence[Chunk] = ()) -> ReviewToPost:
     """The inline comments of the new findings, as one review (GitHub) or discussions."""
-    diff: Mapping[str, Any] = job.request.get("diff") or {}
+    diff: Mapping[str, Any] = job.pull_details.get("diff") or {}
     head_sha = str(diff.get("head_sha") or job.head_sha)
     diff_of = review_diff(file for chunk in chunks for file in chunk.files)
     count = len(decision.inline)
@@ -170,7 +170,7 @@ def summary_facts(
     refused: Collection[int] = (),
 ) -> SummaryFacts:
     """What the living summary says after this review (pure)."""
-    increment: Mapping[str, Any] = job.request.get("increment") or {}
+    increment: Mapping[str, Any] = job.pull_details.get("increment") or {}
     mode = str(increment.get("mode") or "full")
     reason = str(increment.get("reason") or "the whole pull request")
     floor_note = f"summary only: below {settings.min_inline_severity}"
@@ -191,20 +191,22 @@ def summary_facts(
         notes.append(f"{rejected} finding(s) could not be placed on the diff; listed below.")
     if assembled.dropped:
         notes.append(f"{assembled.dropped} suggested comment(s) were dropped as invalid.")
-    notes.extend(str(note) for note in job.request.get("settings_notes") or ())
+    notes.extend(str(note) for note in job.pull_details.get("settings_notes") or ())
     skipped = [*assembled.skipped]
     skipped.extend(
         SkippedFile(str(item["path"]), str(item["reason"]))
         for item in increment.get("unchanged", ())
     )
-    skipped.extend(SkippedFile(str(path), EXCLUDED) for path in job.request.get("excluded") or ())
+    skipped.extend(
+        SkippedFile(str(path), EXCLUDED) for path in job.pull_details.get("excluded") or ()
+    )
     not_anchored = [
         ListedFinding(item.path, item.line, item.severity, item.body)
         for item in assembled.unanchored
     ]
     return SummaryFacts(
         not_anchored=not_anchored,
-        head_sha=str((job.request.get("diff") or {}).get("head_sha") or job.head_sha),
+        head_sha=str((job.pull_details.get("diff") or {}).get("head_sha") or job.head_sha),
         mode=mode,
         mode_reason=reason,
         level=str(job.level),
@@ -400,21 +402,21 @@ async def _post(
     chunks = await store.chunk_results(job.id)
     assembled = assemble_review(
         [review_chunk_of(chunk) for chunk in chunks],
-        skipped=list(job.request.get("skipped") or ()),
+        skipped=list(job.pull_details.get("skipped") or ()),
         max_comments=ALL_FINDINGS,
     )
     patches = patches_of(file for chunk in chunks for file in chunk.files)
     fingerprinted = fingerprint_findings(assembled.findings, patches)
     pull = PullRef(job.forge, job.repo, job.number)
     stored = await posting.findings.findings_of(pull)
-    reviewed_head = str((job.request.get("diff") or {}).get("head_sha") or job.head_sha)
+    reviewed_head = str((job.pull_details.get("diff") or {}).get("head_sha") or job.head_sha)
     current = posting.planned.take(job.id, head_sha=reviewed_head)
     if current is None:  # planned in another process, or forgotten here
         current = await client.fetch_changes(
             job.repo,
             job.number,
-            project_id=job.request.get("project_id"),
-            installation_id=job.request.get("installation_id"),
+            project_id=job.pull_details.get("project_id"),
+            installation_id=job.pull_details.get("installation_id"),
         )
     quiet_settings = settings_for(job, posting.settings)
     decision = decide_quiet_review(
@@ -447,7 +449,7 @@ async def _post(
         for head in heads
         if head.job_id != job.id
     ]
-    increment: Mapping[str, Any] = job.request.get("increment") or {}
+    increment: Mapping[str, Any] = job.pull_details.get("increment") or {}
     commits.append(ReviewedCommit(job.head_sha, str(increment.get("mode") or "full")))
     rejected = len(posted.rejected) if posted is not None else 0
     # A level moved after intake (the policy's look at the increment) says why in the history.

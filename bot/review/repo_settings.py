@@ -31,7 +31,7 @@ import yaml
 
 from bot.diff import fence_for, file_value
 from bot.errors import ReviewBotError
-from bot.model import SEVERITIES, FileChange
+from bot.model import SEVERITIES, FileChange, Job
 from bot.policy import _Reader, compile_glob
 from bot.yaml_lines import yaml_error_line
 
@@ -272,12 +272,12 @@ def instructions_for(instructions: Iterable[Mapping[str, Any]], paths: Iterable[
 
 
 def chunk_instructions(
-    job: Any, files: Iterable[Mapping[str, Any] | Any], server: str | None = None
+    job: Job | None, files: Iterable[Mapping[str, Any] | Any], server: str | None = None
 ) -> str | None:
     """The server's instructions plus the repository's for a chunk's paths (job may be None)."""
-    request: Mapping[str, Any] = getattr(job, "request", None) or {}
+    details: Mapping[str, Any] = job.pull_details if job is not None else {}
     paths = [str(file_value(file, "path", "")) for file in files]
-    repository = instructions_for(request.get("instructions") or (), paths)
+    repository = instructions_for(details.get("instructions") or (), paths)
     parts = [part for part in (server, repository) if part and part.strip()]
     return "\n\n".join(parts) or None
 

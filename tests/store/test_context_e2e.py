@@ -175,7 +175,7 @@ async def test_the_prompt_shows_the_enclosing_function_and_the_pull_request(
     posted = emulator.state.posted(forge=forge, repo="acme/shop", number=7)  # type: ignore[arg-type]
     assert posted, "the review was posted"
     job = await store.get_job(job_id)
-    assert job is not None and job.request["context_reads"] == {
+    assert job is not None and job.pull_details["context_reads"] == {
         "requested": 2,
         "read": 2,
         "failed": 0,
@@ -256,7 +256,7 @@ async def test_a_forge_read_file_by_file_reads_only_what_a_prompt_has_room_for(
     assert 1 <= shown < 20
     job = await store.get_job(job_id)
     assert job is not None
-    reads = job.request["context_reads"]
+    reads = job.pull_details["context_reads"]
     # The files the prompt shows, and the one that showed the allowance was full; no more.
     assert emulator.state.count_requests("gitlab.file") == reads["requested"] == shown + 1
     assert reads["skipped"] == 20 - reads["requested"]
@@ -275,7 +275,7 @@ async def test_every_file_of_a_review_is_read_in_one_request(
     assert emulator.state.count_requests(FILE_ROUTE[forge]) == 0
     job = await store.get_job(job_id)
     assert job is not None
-    assert job.request["context_reads"] == {
+    assert job.pull_details["context_reads"] == {
         "requested": 20,
         "read": 20,
         "failed": 0,
@@ -354,7 +354,7 @@ async def test_a_file_the_forge_will_not_serve_is_reviewed_without_its_context(
     assert emulator.state.posted(forge=forge, repo="acme/shop", number=9)  # type: ignore[arg-type]
     job = await store.get_job(job_id)
     assert job is not None and job.state == JobState.DONE
-    reads = job.request["context_reads"]
+    reads = job.pull_details["context_reads"]
     assert reads["requested"] == 2 and reads["read"] == 0
     assert reads["failed"] == (0 if fault.status == 404 else 2)
 

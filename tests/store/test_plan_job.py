@@ -40,7 +40,7 @@ async def test_a_plan_is_stored_once_with_its_chunks_at_the_jobs_level(store: Qu
     assert await chunk_levels(store, job_id) == [(2, ChunkState.QUEUED.value)] * 3
     job = await store.get_job(job_id)
     assert job is not None and job.planned and job.chunks_total == 3 and job.total_lines == 60
-    assert job.request["diff"] == {"x": 1}
+    assert job.pull_details["diff"] == {"x": 1}
 
 
 async def test_a_plan_under_a_lost_claim_stores_nothing(store: QueueStore) -> None:

@@ -63,11 +63,11 @@ async def test_github_diff_is_chunked_without_lock_and_binary_files(
     assert len(chunks) == outcomes[0].chunks >= 3  # 900+ lines at the 400-line budget
     planned_paths = {file["path"] for chunk in chunks for file in chunk.files}
     assert planned_paths == {item.path for item in [*code, SMELLY]}
-    assert {(s["path"], s["reason"]) for s in job.request["skipped"]} == {
+    assert {(s["path"], s["reason"]) for s in job.pull_details["skipped"]} == {
         ("package-lock.json", "lock_file"),
         ("docs/logo.png", "binary"),
     }
-    assert job.request["diff"]["head_sha"] == pull.newest.head_sha
+    assert job.pull_details["diff"]["head_sha"] == pull.newest.head_sha
     assert sum(chunk.lines for chunk in chunks) == job.total_lines
 
 
@@ -133,7 +133,7 @@ async def test_gitlab_sizes_are_known_after_the_diff_and_move_the_level(
     assert job.total_lines == sum(item.changed_lines for item in files)
     history = await store.job_history(job_id)
     assert any("size known after fetching the diff" in entry.reason for entry in history)
-    diff = job.request["diff"]
+    diff = job.pull_details["diff"]
     newest = pull.newest
     assert (diff["base_sha"], diff["start_sha"], diff["head_sha"]) == (
         newest.base_sha,

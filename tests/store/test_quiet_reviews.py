@@ -433,7 +433,7 @@ async def test_repository_settings_shape_the_review_and_a_broken_file_is_named_o
     assert "unsafe" in said
     assert await chunk_paths(store, first) == {"app/core.py"}
     job = await store.get_job(first)
-    assert job is not None and job.request["instructions"] == [
+    assert job is not None and job.pull_details["instructions"] == [
         {"path": "app/**", "text": "Prefer the logger."}
     ]
     [summary] = summaries(emulator, pull)
@@ -485,7 +485,7 @@ async def test_review_full_reviews_everything_and_review_only_what_changed(
     await bot.review()
     again = await store.find_job(forge="github", repo="acme/shop", number=12)
     assert again is not None and again.state == JobState.DONE and again.chunks_total == 0
-    assert again.request["increment"]["mode"] == "incremental"
+    assert again.pull_details["increment"]["mode"] == "incremental"
 
     await bot.command(pull, "/review full")
     await bot.review()
@@ -571,7 +571,7 @@ async def test_a_push_while_a_review_runs_lets_it_finish_and_reviews_what_came_a
     finished = [await store.get_job(job_id) for job_id in (first, second)]
     assert [job.state if job else None for job in finished] == [JobState.DONE, JobState.DONE]
     assert finished[1] is not None
-    assert finished[1].request["increment"]["since"] == pull.versions[0].head_sha
+    assert finished[1].pull_details["increment"]["since"] == pull.versions[0].head_sha
     assert await chunk_paths(store, second) == {"app/run.py"}
     said = inline_bodies(emulator, pull)
     assert len(said) == 2 and all("unsafe" in body for body in said)  # core.py, then run.py

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from datetime import UTC, datetime
 
 import pytest
 
-from bot.model import FileChange
+from bot.model import FileChange, Job, JobState, Level
 from bot.review.repo_settings import (
     PathInstruction,
     RepoSettings,
@@ -134,7 +134,18 @@ def test_instructions_go_to_matching_chunks_fenced_like_the_diff() -> None:
     assert text.endswith("\n````") and "Spelling" not in text
     assert instructions_for(rules, ["app/x.py"]) is None
 
-    job = SimpleNamespace(request={"instructions": rules})
+    job = Job(
+        id=1,
+        forge="github",
+        repo="acme/shop",
+        number=1,
+        head_sha="a" * 40,
+        base_level=Level.P1,
+        level=Level.P1,
+        state=JobState.RUNNING,
+        enqueued_at=datetime(2026, 1, 5, tzinfo=UTC),
+        pull_details={"instructions": rules},
+    )
     combined = chunk_instructions(job, [{"path": "docs/a.md"}], "Server rules.")
     assert combined is not None and combined.startswith(
         "Server rules.\n\nFor files matching docs/**"
