@@ -45,11 +45,11 @@ def _command_db(args: argparse.Namespace, settings: Settings) -> int:
         # A database that cannot be used is named before "migrating ..." is logged.
         asyncio.run(wait_for_database(url, wait_s=0, backoff_s=settings.database.outage_backoff_s))
     if args.db_command == "upgrade":
-        asyncio.run(upgrade_database(url, args.revision))
-        print(f"database at {args.revision}")
+        revision = asyncio.run(upgrade_database(url, args.revision))
+        print(f"database at {revision}")  # the current id of a revision named by an earlier one
     elif args.db_command == "downgrade":
-        asyncio.run(downgrade_database(url, args.revision))
-        print(f"database at {args.revision}")
+        revision = asyncio.run(downgrade_database(url, args.revision))
+        print(f"database at {revision}")
     else:
         print(current_head())
     return 0

@@ -12,12 +12,14 @@ from typing import Any, NamedTuple
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from bot.database_url import async_url, masked_url, plain_url
 from bot.errors import ConfigError, StoreError, StoreUnavailable
+from bot.migration_ids import RENUMBERED, renumbered
 from bot.outage import OutageWatch
 
 log = logging.getLogger(__name__)
@@ -235,16 +237,60 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-async def upgrade_database(url: str, revision: str = "head") -> None:
-    """Run migrations up to `revision`."""
-    log.info("migrating database up to %s", revision, extra={"action": "db_upgrade"})
-    await asyncio.to_thread(command.upgrade, alembic_config(url), revision)
+def restamp_renumbered(connection: Connection) -> None:
+    """Rewrite a revision the database is stamped with under the migrations' earlier numbering
+    (bot.migration_ids) to its current id, which Alembic knows; the earlier one it would
+    refuse as unknown. migrations/env.py calls this holding the migration lock, in the
+    transaction that then migrates, so replicas starting together rewrite it once and a
+    migration that fails leaves the database as it was."""
+    if connection.execute(text("SELECT to_regclass('alembic_version')")).scalar() is None:
+        return  # never migrated: nothing stamped
+    stamped = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    for earlier in stamped:
+        current = RENUMBERED.get(earlier)
+        if current is None:
+            continue
+        connection.execute(
+            text("UPDATE alembic_version SET version_num = :current WHERE version_num = :earlier"),
+            {"current": current, "earlier": earlier},
+        )
+        log.info(
+            "database stamped %s under the migrations' earlier numbering: now %s",
+            earlier,
+            current,
+            extra={"action": "db_restamp"},
+        )
 
 
-async def downgrade_database(url: str, revision: str) -> None:
-    """Run migrations down to `revision` (`base` removes everything)."""
-    log.info("migrating database down to %s", revision, extra={"action": "db_downgrade"})
-    await asyncio.to_thread(command.downgrade, alembic_config(url), revision)
+def _target(revision: str) -> str:
+    """`revision`, or its current id when it names a migration by its earlier number (as
+    runbooks written before the renumbering do)."""
+    target = renumbered(revision)
+    if target != revision:
+        log.info(
+            "revision %s is %s since the migrations were renumbered",
+            revision,
+            target,
+            extra={"action": "db_renumbered_target"},
+        )
+    return target
+
+
+async def upgrade_database(url: str, revision: str = "head") -> str:
+    """Run migrations up to `revision`; returns the revision migrated to (its current id)."""
+    target = _target(revision)
+    log.info("migrating database up to %s", target, extra={"action": "db_upgrade"})
+    await asyncio.to_thread(command.upgrade, alembic_config(url), target)
+    return target
+
+
+async def downgrade_database(url: str, revision: str) -> str:
+    """Run migrations down to `revision` (`base` removes everything); returns the revision
+    migrated to (its current id)."""
+    target = _target(revision)
+    log.info("migrating database down to %s", target, extra={"action": "db_downgrade"})
+    await asyncio.to_thread(command.downgrade, alembic_config(url), target)
+    return target
 
 
 def current_head() -> str:
@@ -266,6 +312,7 @@ __all__ = [
     "current_head",
     "downgrade_database",
     "plain_url",
+    "restamp_renumbered",
     "upgrade_database",
     "wait_for_database",
 ]

@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from bot.db import MIGRATION_LOCK_KEY, async_url
+from bot.db import MIGRATION_LOCK_KEY, async_url, restamp_renumbered
 from bot.queue.schema import metadata
 
 config = context.config
@@ -28,6 +28,9 @@ def _run(connection: Connection) -> None:
     # Replicas that start together all migrate: the first takes this transaction-scoped lock
     # and migrates, the others wait here and then find the database already at head.
     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    # Under the lock and in the migrating transaction: the first replica rewrites an id
+    # stamped before the renumbering, the others find the current one.
+    restamp_renumbered(connection)
     context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
     with context.begin_transaction():
         context.run_migrations()

@@ -246,7 +246,7 @@ alerts = Table(
     Index("ix_alerts_fired_at", "fired_at"),
 )
 
-# Created by migration 0016: what reviews said on each pull request, so nothing is said twice.
+# Created by migration 0003: what reviews said on each pull request, so nothing is said twice.
 FINDING_STATES = ["open", "resolved"]
 review_findings = Table(
     "review_findings",
@@ -274,7 +274,7 @@ review_findings = Table(
     UniqueConstraint("forge", "repo", "number", "fingerprint"),
 )
 
-# Created by migration 0017: the status last written on the forge for each job (check run or
+# Created by migration 0004: the status last written on the forge for each job (check run or
 # commit status), so a restarted bot neither repeats nor forgets one.
 status_reports = Table(
     "status_reports",
@@ -305,7 +305,7 @@ status_reports = Table(
     Index("ix_status_reports_open", "job_id", postgresql_where=text("state <> 'completed'")),
 )
 
-# Created by migration 0018: a job whose final status is still owed to the forge (written by a
+# Created by migration 0008: a job whose final status is still owed to the forge (written by a
 # trigger on review_jobs in the transaction that ends it), or whose status a Re-run asked for.
 status_outbox = Table(
     "status_outbox",
@@ -319,7 +319,7 @@ status_outbox = Table(
     Column("republish", Boolean, nullable=False, server_default=text("false")),
 )
 
-# Created by migration 0022: what the status publisher estimates with (slots, scheduler knobs,
+# Created by migration 0012: what the status publisher estimates with (slots, scheduler knobs,
 # service estimator, learnt ETA factors), so every process's ETA is the check run's.
 eta_model = Table(
     "eta_model",
@@ -329,7 +329,7 @@ eta_model = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
 
-# Created by migration 0013: one row per dispatcher process, refreshed every heartbeat.
+# Created by migration 0007: one row per dispatcher process, refreshed every heartbeat.
 dispatchers = Table(
     "dispatchers",
     metadata,
@@ -346,7 +346,7 @@ dispatchers = Table(
     Index("ix_dispatchers_last_seen", "last_seen"),
 )
 
-# Created by migration 0013: alerts about the service itself, at most one open per kind.
+# Created by migration 0007: alerts about the service itself, at most one open per kind.
 operational_alerts = Table(
     "operational_alerts",
     metadata,
@@ -363,7 +363,7 @@ operational_alerts = Table(
     ),
 )
 
-# Created by migration 0019: leases held by one process at a time for the whole service (the
+# Created by migration 0009: leases held by one process at a time for the whole service (the
 # status publisher); `attempt` grows on each takeover and fences the holder's writes.
 process_leases = Table(
     "process_leases",
@@ -375,7 +375,7 @@ process_leases = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
 )
 
-# Created by migration 0023: one row per forge identity whose writes are budgeted (a GitHub
+# Created by migration 0013: one row per forge identity whose writes are budgeted (a GitHub
 # installation or token, a GitLab token), with its limits and a pause a forge asked for.
 forge_budgets = Table(
     "forge_budgets",
@@ -388,7 +388,7 @@ forge_budgets = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
 
-# Created by migration 0023: the content-creating writes of the last hours, per budget (the
+# Created by migration 0013: the content-creating writes of the last hours, per budget (the
 # sliding windows are counted from these).
 forge_writes = Table(
     "forge_writes",
@@ -405,7 +405,7 @@ forge_writes = Table(
     Index("ix_forge_writes_budget_spent", "budget_key", "spent_at"),
 )
 
-# Created by migration 0023: writes waiting for their budget, by any process; a claim not
+# Created by migration 0013: writes waiting for their budget, by any process; a claim not
 # looked at for a while is ignored (its process died).
 forge_write_claims = Table(
     "forge_write_claims",
@@ -421,7 +421,7 @@ forge_write_claims = Table(
     Index("ix_forge_write_claims_budget", "budget_key", "seen_at"),
 )
 
-# Created by migration 0024: sums over finished reviews per group (all, a language, a
+# Created by migration 0014: sums over finished reviews per group (all, a language, a
 # repository, a pull request), which the learned cost estimate (bot.sched.cost) predicts from.
 REVIEW_COST_SUMS = (
     "reviews",

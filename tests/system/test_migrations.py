@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from datetime import datetime, timedelta
+from typing import Any
 
 import asyncpg
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -16,6 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from bot.db import (
     MIGRATION_LOCK_KEY,
     async_url,
+    current_head,
     downgrade_database,
     plain_url,
     upgrade_database,
@@ -113,8 +117,8 @@ async def test_replicas_migrating_together_all_succeed(empty_db_url: str) -> Non
 
 
 async def test_fencing_migrations_keep_claims_in_flight(db_url: str) -> None:
-    """Claims held while 0019/0020 run move from the jsonb into columns and back, unchanged."""
-    await downgrade_database(db_url, "0018_status_outbox")
+    """Claims held while 0009/0010 run move from the jsonb into columns and back, unchanged."""
+    await downgrade_database(db_url, "0008_status_outbox")
     conn = await asyncpg.connect(plain_url(db_url))
     try:
         job_id = await conn.fetchval(
@@ -137,7 +141,7 @@ async def test_fencing_migrations_keep_claims_in_flight(db_url: str) -> None:
             """,
             job_id,
         )
-        await upgrade_database(db_url, "0019_fencing")
+        await upgrade_database(db_url, "0009_fencing")
         row = await conn.fetchrow("SELECT * FROM review_jobs WHERE id = $1", job_id)
         assert row["posting_by"] == "poster-1" and row["posting_attempt"] == 1
         assert row["posting_until"].isoformat() == "2026-12-04T18:00:00+00:00"
@@ -149,7 +153,7 @@ async def test_fencing_migrations_keep_claims_in_flight(db_url: str) -> None:
             await conn.fetchval("SELECT request FROM review_jobs WHERE id = $1", job_id)
         )
         assert request == {"title": "kept"}
-        await downgrade_database(db_url, "0018_status_outbox")
+        await downgrade_database(db_url, "0008_status_outbox")
         request = json.loads(
             await conn.fetchval("SELECT request FROM review_jobs WHERE id = $1", job_id)
         )
@@ -161,9 +165,9 @@ async def test_fencing_migrations_keep_claims_in_flight(db_url: str) -> None:
 
 
 async def test_retry_column_migrations_keep_state_in_flight(db_url: str) -> None:
-    """Retry times, failed tries and command claims held while 0025/0026 run move from the
+    """Retry times, failed tries and command claims held while 0015/0016 run move from the
     jsonb into columns, are read from there by the store, and go back on a downgrade."""
-    await downgrade_database(db_url, "0024_review_costs")
+    await downgrade_database(db_url, "0014_review_costs")
     conn = await asyncpg.connect(plain_url(db_url))
     retry_at = datetime.fromisoformat("2026-12-04T18:00:00+00:00")
     try:
@@ -201,7 +205,7 @@ async def test_retry_column_migrations_keep_state_in_flight(db_url: str) -> None
             RETURNING id
             """
         )
-        await upgrade_database(db_url, "0025_retry_columns")
+        await upgrade_database(db_url, "0015_retry_columns")
         job = await conn.fetchrow("SELECT * FROM review_jobs WHERE id = $1", job_id)
         assert (job["retry_at"], job["planning_failures"], job["posting_failures"]) == (
             retry_at,
@@ -235,7 +239,7 @@ async def test_retry_column_migrations_keep_state_in_flight(db_url: str) -> None
         finally:
             await store.close()
 
-        await downgrade_database(db_url, "0024_review_costs")
+        await downgrade_database(db_url, "0014_review_costs")
         request = json.loads(
             await conn.fetchval("SELECT request FROM review_jobs WHERE id = $1", job_id)
         )
@@ -252,3 +256,130 @@ async def test_retry_column_migrations_keep_state_in_flight(db_url: str) -> None
         await upgrade_database(db_url)
     finally:
         await conn.close()
+
+
+# What the migrations built, one query per kind of object in the public schema; views and
+# functions (the SQL reports) included, which the models do not describe.
+SCHEMA_QUERIES = {
+    "columns": """
+        SELECT table_name, column_name, data_type, is_nullable, column_default
+        FROM information_schema.columns WHERE table_schema = 'public' ORDER BY 1, 2
+    """,
+    "constraints": """
+        SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
+        FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2
+    """,
+    "indexes": "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1",
+    "views": "SELECT viewname, definition FROM pg_views WHERE schemaname = 'public' ORDER BY 1",
+    "functions": """
+        SELECT proname, pg_get_function_identity_arguments(oid), pg_get_functiondef(oid)
+        FROM pg_proc WHERE pronamespace = 'public'::regnamespace AND prokind = 'f'
+        ORDER BY 1, 2
+    """,
+    "triggers": """
+        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid)
+        FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1, 2
+    """,
+    "revision": "SELECT version_num FROM alembic_version",
+}
+
+
+async def _schema(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    conn = await asyncpg.connect(plain_url(url))
+    try:
+        return {
+            kind: [tuple(row) for row in await conn.fetch(query)]
+            for kind, query in SCHEMA_QUERIES.items()
+        }
+    finally:
+        await conn.close()
+
+
+async def _stamp(url: str, revision: str) -> None:
+    """Stamp the database as a deployment did before the migrations were renumbered."""
+    conn = await asyncpg.connect(plain_url(url))
+    try:
+        await conn.execute("UPDATE alembic_version SET version_num = $1", revision)
+    finally:
+        await conn.close()
+
+
+def _restamps(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if getattr(record, "action", None) == "db_restamp"
+    ]
+
+
+async def test_database_at_head_stamped_with_its_earlier_id_upgrades(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database at head stamped with the head's id before the renumbering is restamped
+    with the current id once, migrates nothing, and still goes down and up to named targets,
+    current ones or earlier ones."""
+    fresh = await _schema(db_url)
+    assert fresh["revision"] == [(current_head(),)] == [("0016_retry_columns_contract",)]
+    await _stamp(db_url, "0026_retry_columns_contract")
+    with caplog.at_level(logging.INFO, logger="bot.db"):
+        await upgrade_database(db_url)
+        await upgrade_database(db_url)
+    assert _restamps(caplog) == [
+        "database stamped 0026_retry_columns_contract under the migrations' earlier numbering:"
+        " now 0016_retry_columns_contract"
+    ]
+    assert await _schema(db_url) == fresh
+
+    assert await downgrade_database(db_url, "0014_review_costs") == "0014_review_costs"
+    assert (await _schema(db_url))["revision"] == [("0014_review_costs",)]
+    assert await upgrade_database(db_url, "0015_retry_columns") == "0015_retry_columns"
+    # A runbook written before the renumbering names its targets by their earlier ids.
+    assert await downgrade_database(db_url, "0024_review_costs") == "0014_review_costs"
+    assert (await _schema(db_url))["revision"] == [("0014_review_costs",)]
+    assert await upgrade_database(db_url, "0026_retry_columns_contract") == current_head()
+    assert await _schema(db_url) == fresh
+
+
+async def test_database_mid_chain_stamped_with_its_earlier_id_upgrades(
+    empty_db_url: str, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database migrated up to operations (once 0013_operations, the seventh migration that
+    ran) and stamped with that earlier id runs the rest of the chain to the same schema as a
+    database migrated from empty."""
+    await upgrade_database(empty_db_url, "0007_operations")
+    await _stamp(empty_db_url, "0013_operations")
+    with caplog.at_level(logging.INFO, logger="bot.db"):
+        await upgrade_database(empty_db_url)
+    assert _restamps(caplog) == [
+        "database stamped 0013_operations under the migrations' earlier numbering:"
+        " now 0007_operations"
+    ]
+    assert await _schema(empty_db_url) == await _schema(db_url)
+
+
+async def test_replicas_restamping_together_all_succeed(empty_db_url: str, db_url: str) -> None:
+    """Three replicas start together on a database stamped before the renumbering: the first
+    restamps it under the migration lock and migrates, the others find it at head."""
+    await upgrade_database(empty_db_url, "0008_status_outbox")
+    await _stamp(empty_db_url, "0018_status_outbox")
+    environment = {**os.environ, "DATABASE_URL": empty_db_url}
+    processes = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot",
+            "db",
+            "upgrade",
+            env=environment,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for _ in range(3)
+    ]
+    outputs = [await process.communicate() for process in processes]
+    errors = [err.decode() for _, err in outputs]
+    assert [process.returncode for process in processes] == [0, 0, 0], [
+        error[-2000:] for error in errors
+    ]
+    assert sum("earlier numbering" in error for error in errors) == 1, errors
+    assert await _schema(empty_db_url) == await _schema(db_url)

@@ -1,12 +1,12 @@
 """The SQL of `bot report`: one read per report over the report views and functions of the
-migrations (0014, 0015). Every filter is a bound parameter, NULL meaning "no filter"
+migrations (0005, 0006). Every filter is a bound parameter, NULL meaning "no filter"
 (`:since`, `:until`, `:repo`); each report filters its own time column, written out in it."""
 
 from __future__ import annotations
 
 from bot.queue.sql import statement
 
-# The aggregate reports are SQL functions of migration 0014 (the psql views of the same names
+# The aggregate reports are SQL functions of migration 0005 (the psql views of the same names
 # call them with their defaults). Waits by level, judged against each level's alert threshold
 # (`:t0`..`:t2`), a job still waiting measured at `:as_of`.
 WAITS = statement(
@@ -98,7 +98,7 @@ ALERTS = statement(
     """
 )
 
-# Work per engine (LLM server) and hour: chunks, tokens, engine seconds (migration 0015). The
+# Work per engine (LLM server) and hour: chunks, tokens, engine seconds (migration 0006). The
 # window is on the hour read as UTC; engines belong to no repository, so there is no :repo.
 ENGINES = statement(
     """

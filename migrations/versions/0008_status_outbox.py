@@ -1,7 +1,7 @@
 """status_outbox: a job's state change owes its status a write, recorded by the change itself
 
-Revision ID: 0018_status_outbox
-Revises: 0013_operations
+Revision ID: 0008_status_outbox
+Revises: 0007_operations
 Create Date: 2026-12-04 17:40:00.000000
 
 A trigger on review_jobs records, in the transaction that ends a job, that its final status
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0018_status_outbox"
-down_revision: str | None = "0013_operations"
+revision: str = "0008_status_outbox"
+down_revision: str | None = "0007_operations"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

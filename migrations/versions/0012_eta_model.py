@@ -1,7 +1,7 @@
 """eta_model: what the status publisher estimates with, for every process to estimate alike
 
-Revision ID: 0022_eta_model
-Revises: 0021_dispatch_backlog
+Revision ID: 0012_eta_model
+Revises: 0011_dispatch_backlog
 Create Date: 2026-12-04 18:15:00.000000
 
 One row per estimating process role (today one: the status publisher's), refreshed every pass:
@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0022_eta_model"
-down_revision: str | None = "0021_dispatch_backlog"
+revision: str = "0012_eta_model"
+down_revision: str | None = "0011_dispatch_backlog"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,15 +1,15 @@
 """retry and claim state in typed columns: jobs' retry time and failed tries, command claims
 (expand)
 
-Revision ID: 0025_retry_columns
-Revises: 0024_review_costs
+Revision ID: 0015_retry_columns
+Revises: 0014_review_costs
 Create Date: 2026-12-04 21:00:00.000000
 
 The last lease and retry state kept in jsonb moves into columns, copied for rows in flight:
 a job's next planning or posting try (`request->>'retry_at'`) and its failed tries
 (`request->>'planning_attempts'`, `'posting_attempts'`); a command delivery's claim (`detail`'s
 `claimed_by`, `claimed_at`, `attempts`) and the time its deferred reply is tried again
-(`detail->>'retry_at'`). The jsonb keys stay for workers still running the older code; 0026
+(`detail->>'retry_at'`). The jsonb keys stay for workers still running the older code; 0016
 removes them (contract).
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0025_retry_columns"
-down_revision: str | None = "0024_review_costs"
+revision: str = "0015_retry_columns"
+down_revision: str | None = "0014_review_costs"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,11 +1,11 @@
 """retry and claim state: the jsonb copies are removed (contract)
 
-Revision ID: 0026_retry_columns_contract
-Revises: 0025_retry_columns
+Revision ID: 0016_retry_columns_contract
+Revises: 0015_retry_columns
 Create Date: 2026-12-04 21:01:00.000000
 
 Once no worker runs the code that read retry times, failed tries and command claims from
-`review_jobs.request` and `webhook_deliveries.detail` (0025 moved them into columns), the
+`review_jobs.request` and `webhook_deliveries.detail` (0015 moved them into columns), the
 stale keys are dropped so nothing can mistake them for live state. The downgrade puts them
 back from the columns.
 """
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0026_retry_columns_contract"
-down_revision: str | None = "0025_retry_columns"
+revision: str = "0016_retry_columns_contract"
+down_revision: str | None = "0015_retry_columns"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

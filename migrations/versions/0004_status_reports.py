@@ -1,7 +1,7 @@
 """status_reports: the status last written on the forge per job
 
-Revision ID: 0017_status_reports
-Revises: 0016_review_findings
+Revision ID: 0004_status_reports
+Revises: 0003_review_findings
 Create Date: 2026-12-03 17:30:00.000000
 
 One row per job whose check run (GitHub App), commit status (GitHub token, GitLab) was
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0017_status_reports"
-down_revision: str | None = "0016_review_findings"
+revision: str = "0004_status_reports"
+down_revision: str | None = "0003_review_findings"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """operations: dispatcher heartbeats and once-per-outage operational alerts
 
-Revision ID: 0013_operations
-Revises: 0015_engines
+Revision ID: 0007_operations
+Revises: 0006_engines
 Create Date: 2026-12-03 17:00:00.000000
 
 Each dispatcher process writes one `dispatchers` row and refreshes `last_seen` every heartbeat,
@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0013_operations"
-down_revision: str | None = "0015_engines"
+revision: str = "0007_operations"
+down_revision: str | None = "0006_engines"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """report aggregates defined once: functions with a window, views over them
 
-Revision ID: 0014_report_views
-Revises: 0017_status_reports
+Revision ID: 0005_report_views
+Revises: 0004_status_reports
 Create Date: 2026-12-03 17:40:00.000000
 
 The aggregate reports (waits by level, durations, workers, repos) were written twice: as views
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from alembic import op
 
-revision: str = "0014_report_views"
-down_revision: str | None = "0017_status_reports"
+revision: str = "0005_report_views"
+down_revision: str | None = "0004_status_reports"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

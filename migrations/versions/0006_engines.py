@@ -1,7 +1,7 @@
 """engines: the engine a chunk ran on, and a report of each engine's work
 
-Revision ID: 0015_engines
-Revises: 0014_report_views
+Revision ID: 0006_engines
+Revises: 0005_report_views
 Create Date: 2026-12-03 18:10:00.000000
 
 A chunk's lease names the engine (LLM server) it runs on, so every dispatcher process counts
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0015_engines"
-down_revision: str | None = "0014_report_views"
+revision: str = "0006_engines"
+down_revision: str | None = "0005_report_views"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """fencing: lease owners, expiries and attempt numbers in typed columns (expand)
 
-Revision ID: 0019_fencing
-Revises: 0018_status_outbox
+Revision ID: 0009_fencing
+Revises: 0008_status_outbox
 Create Date: 2026-12-04 17:45:00.000000
 
 Every lease carries an attempt number that grows on each takeover, and every write that
@@ -9,7 +9,7 @@ follows from a lease checks it (a fencing token). Planning and posting claims mo
 job's `request` jsonb into typed columns, copied from the jsonb for rows in flight; chunks get
 their own attempt number (their `attempts` count failures and goes down on a release, so it
 cannot fence); process-wide leases (the status publisher) get a table. The jsonb keys are left
-in place for workers still running the older code; 0020 removes them (contract).
+in place for workers still running the older code; 0010 removes them (contract).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0019_fencing"
-down_revision: str | None = "0018_status_outbox"
+revision: str = "0009_fencing"
+down_revision: str | None = "0008_status_outbox"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

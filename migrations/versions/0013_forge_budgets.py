@@ -1,7 +1,7 @@
 """forge_budgets, forge_writes, forge_write_claims: one write budget per forge identity
 
-Revision ID: 0023_forge_budgets
-Revises: 0022_eta_model
+Revision ID: 0013_forge_budgets
+Revises: 0012_eta_model
 Create Date: 2026-12-04 17:40:00.000000
 
 Every process's content-creating forge calls (reviews, summaries, check runs, statuses) spend
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0023_forge_budgets"
-down_revision: str | None = "0022_eta_model"
+revision: str = "0013_forge_budgets"
+down_revision: str | None = "0012_eta_model"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """review_costs: what finished reviews cost, per group, for the learned cost estimate
 
-Revision ID: 0024_review_costs
-Revises: 0023_forge_budgets
+Revision ID: 0014_review_costs
+Revises: 0013_forge_budgets
 Create Date: 2026-12-06 10:00:00.000000
 
 One row per group of reviews (all, a language, a repository, a pull request): sums over its
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0024_review_costs"
-down_revision: str | None = "0023_forge_budgets"
+revision: str = "0014_review_costs"
+down_revision: str | None = "0013_forge_budgets"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,6 +1,6 @@
 """review findings: what reviews said on each pull request
 
-Revision ID: 0016_review_findings
+Revision ID: 0003_review_findings
 Revises: 0002
 Create Date: 2026-12-03 16:50:00.000000
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0016_review_findings"
+revision: str = "0003_review_findings"
 down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

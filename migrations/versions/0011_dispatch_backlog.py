@@ -1,7 +1,7 @@
 """dispatch backlog: the index behind the query an autoscaler polls
 
-Revision ID: 0021_dispatch_backlog
-Revises: 0020_fencing_contract
+Revision ID: 0011_dispatch_backlog
+Revises: 0010_fencing_contract
 Create Date: 2026-12-04 17:50:00.000000
 
 KEDA's postgresql scaler sizes the dispatcher Deployment by the work waiting for dispatchers
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0021_dispatch_backlog"
-down_revision: str | None = "0020_fencing_contract"
+revision: str = "0011_dispatch_backlog"
+down_revision: str | None = "0010_fencing_contract"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

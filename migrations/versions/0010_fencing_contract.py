@@ -1,10 +1,10 @@
 """fencing: the jsonb copies of planning and posting claims are removed (contract)
 
-Revision ID: 0020_fencing_contract
-Revises: 0019_fencing
+Revision ID: 0010_fencing_contract
+Revises: 0009_fencing
 Create Date: 2026-12-04 17:46:00.000000
 
-Once no worker runs the code that read claims from `request` (0019 moved them into columns),
+Once no worker runs the code that read claims from `request` (0009 moved them into columns),
 the stale keys are dropped so nothing can mistake them for a live claim. The downgrade puts
 them back from the columns.
 """
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0020_fencing_contract"
-down_revision: str | None = "0019_fencing"
+revision: str = "0010_fencing_contract"
+down_revision: str | None = "0009_fencing"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
