@@ -50,7 +50,7 @@ import aiohttp  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
 from bot.clock import SystemClock  # noqa: E402
-from bot.components import dispatcher_settings  # noqa: E402
+from bot.components import dispatcher_settings, local_write_budget  # noqa: E402
 from bot.config import (  # noqa: E402
     DatabaseSettings,
     ForgeSettings,
@@ -347,8 +347,9 @@ async def drain_through_bot(
             # the forge's pace, not the engine's.
             forges = build_forges(
                 settings,
-                options=ForgeOptions(
-                    retry=RetryPolicy(attempts=4, base_delay_s=0.2), post_interval_s=0.0
+                options=ForgeOptions(retry=RetryPolicy(attempts=4, base_delay_s=0.2)),
+                budget=local_write_budget(
+                    settings, now=clock.now, sleep=asyncio.sleep, post_interval_s=0.0
                 ),
             )
             seen: set[tuple[str, str, int]] = set()

@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bot.clock import VirtualClock
+from bot.components import local_write_budget, quiet_posting
 from bot.config import DEFAULT_POLICY_DIR, ForgeSettings, ReviewSettings, Settings
 from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.quiet import open_pull_from_trees, push_tree
@@ -41,7 +42,6 @@ from bot.policy import evaluate, load_policy_book
 from bot.queue.store import QueueSettings, QueueStore
 from bot.review.plan_and_post import ReviewPipeline
 from bot.review.prompts import build_messages
-from bot.review.quiet_post import quiet_posting
 from bot.sched.mlfq import ServiceEstimator
 
 TOKEN = "bench-token"
@@ -181,9 +181,13 @@ async def run_mode(database_url: str, week: list[Scenario], *, quiet: bool) -> C
             ),
             review=ReviewSettings(quiet=quiet),
         )
-        options = ForgeOptions(retry=RetryPolicy(attempts=2), post_interval_s=0.0)
+        budget = local_write_budget(settings, now=clock.now, sleep=clock.sleep, post_interval_s=0.0)
         async with build_forges(
-            settings, clock=clock.now, sleep=clock.sleep, options=options
+            settings,
+            clock=clock.now,
+            sleep=clock.sleep,
+            options=ForgeOptions(retry=RetryPolicy(attempts=2)),
+            budget=budget,
         ) as forges:
             pipeline = ReviewPipeline(store, forges, book, quiet=quiet_posting(settings, store))
 

@@ -1,20 +1,32 @@
 """The settings objects each component takes, built from the one settings model (bot.config).
 
 Every process that runs a role (`bot serve`, the demo, the benchmarks) builds its components'
-settings here, so one setting means the same everywhere. (The forges' write budget is mapped in
-bot.forges.registry.budget_settings, beside the clients that spend it: bot.forges may not import
-the review stages this module builds settings for.)
+settings here, the forges' write budget included, so one setting means the same everywhere.
+Where a component's field is a knob, its default is the model's (bot.config.DEFAULTS), so a
+component built without settings behaves as an unconfigured bot would.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from bot.budget.ledger import (
+    GITHUB_LIMITS,
+    GITLAB_LIMITS,
+    BudgetSettings,
+    LocalWriteBudget,
+    Now,
+    Sleep,
+)
 from bot.commands.worker import CommandWorkerSettings
 from bot.config import Settings
 from bot.db import SessionTimeouts
-from bot.forges.registry import budget_settings
 from bot.queue.base import QueueSettings
+from bot.queue.store import QueueStore
 from bot.review.planner import PlanningSettings
 from bot.review.poster import PostingSettings
+from bot.review.quiet_plan import QuietSettings
+from bot.review.quiet_post import QuietPosting
 from bot.sched.dispatcher import DispatcherSettings
 from bot.status.decide import PublishRules
 from bot.status.publisher import StatusSettings
@@ -69,6 +81,7 @@ def posting_settings(settings: Settings) -> PostingSettings:
 def status_settings(settings: Settings) -> StatusSettings:
     """The check run / commit status publisher's."""
     return StatusSettings(
+        enabled=settings.status.enabled,
         neutral_at=settings.status.neutral_at,
         interval_s=settings.status.interval_s,
         rules=PublishRules(updates_per_hour=settings.status.updates_per_hour),
@@ -83,13 +96,76 @@ def command_worker_settings(settings: Settings) -> CommandWorkerSettings:
     return CommandWorkerSettings(lease_s=min(COMMAND_CLAIM_MAX_S, settings.scheduler.lease_s))
 
 
+def quiet_settings(settings: Settings) -> QuietSettings:
+    """How loud a quiet review may be, before a repository's settings file says otherwise."""
+    return QuietSettings(
+        min_inline_severity=settings.review.min_inline_severity,
+        inline_cap=settings.review.inline_cap,
+    )
+
+
+def quiet_posting(settings: Settings, store: QueueStore) -> QuietPosting | None:
+    """Quiet posting as the settings configure it (None: every push reviewed in full)."""
+    if not settings.review.quiet:
+        return None
+    return QuietPosting(store.findings, quiet_settings(settings))
+
+
+def budget_settings(
+    settings: Settings, *, post_interval_s: float = GITHUB_LIMITS.min_interval_s
+) -> BudgetSettings:
+    """The forges' write budget: limits per forge, from the settings.
+
+    `post_interval_s` spaces GitHub's content-creating requests (GitHub asks for a second;
+    tests and benchmarks against the emulator post at once).
+    """
+    return BudgetSettings(
+        limits={
+            "github": replace(
+                GITHUB_LIMITS,
+                per_minute=settings.budget.github_writes_per_minute,
+                per_hour=settings.budget.github_writes_per_hour,
+                min_interval_s=post_interval_s * settings.budget.window_scale,
+                time_scale=settings.budget.window_scale,
+                margin_s=GITHUB_LIMITS.margin_s * settings.budget.window_scale,
+            ),
+            "gitlab": replace(
+                GITLAB_LIMITS,
+                per_minute=settings.budget.gitlab_writes_per_minute,
+                per_hour=settings.budget.gitlab_writes_per_hour,
+                time_scale=settings.budget.window_scale,
+                margin_s=GITLAB_LIMITS.margin_s * settings.budget.window_scale,
+            ),
+        }
+    )
+
+
+def local_write_budget(
+    settings: Settings,
+    *,
+    now: Now,
+    sleep: Sleep,
+    post_interval_s: float = GITHUB_LIMITS.min_interval_s,
+) -> LocalWriteBudget:
+    """A write budget this process keeps alone (no database), with the settings' limits.
+
+    `now` and `sleep` are the forge clients' clock, so the budget's minute is theirs.
+    """
+    return LocalWriteBudget(
+        now=now, sleep=sleep, settings=budget_settings(settings, post_interval_s=post_interval_s)
+    )
+
+
 __all__ = [
     "budget_settings",
     "command_worker_settings",
     "dispatcher_settings",
+    "local_write_budget",
     "planning_settings",
     "posting_settings",
     "queue_settings",
+    "quiet_posting",
+    "quiet_settings",
     "session_timeouts",
     "status_settings",
 ]

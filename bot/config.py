@@ -3,7 +3,8 @@
 Each knob is a field of a section (database, queue, scheduler, window, llm, forges, review,
 status, budget, web, alerts) with its type, default, meaning and environment variable; secrets
 may come from the file `NAME_FILE` names. `load_settings` reads and validates the whole model
-before anything starts; bot.components maps it to the settings objects the components take.
+before anything starts; bot.components maps it to the settings objects the components take,
+whose defaults are the model's (`DEFAULTS`).
 """
 
 from __future__ import annotations
@@ -884,6 +885,11 @@ class Settings(BaseSettings):
                 current.model_copy(update=change) if isinstance(change, dict) else change
             )
         return self.model_copy(update=changed)
+
+
+# Every knob at its default. The component settings whose fields the model also sets take their
+# defaults from here, so each default is written once, in this module.
+DEFAULTS = Settings()
 
 
 def knobs(settings_cls: type[BaseModel] = Settings) -> Iterator[tuple[str, str, FieldInfo, str]]:

@@ -17,6 +17,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from bot.config import DEFAULTS
 from bot.database_url import async_url, masked_url, plain_url
 from bot.errors import ConfigError, StoreError, StoreUnavailable
 from bot.migration_ids import RENUMBERED, renumbered
@@ -36,9 +37,9 @@ class SessionTimeouts:
     `idle_in_transaction_s`; a statement waits at most `lock_s` for a lock and runs at most
     `statement_s`. Zero turns a limit off."""
 
-    statement_s: float = 60.0
-    lock_s: float = 10.0
-    idle_in_transaction_s: float = 30.0
+    statement_s: float = DEFAULTS.database.statement_timeout_s
+    lock_s: float = DEFAULTS.database.lock_timeout_s
+    idle_in_transaction_s: float = DEFAULTS.database.idle_in_transaction_timeout_s
 
     def server_settings(self) -> dict[str, str]:
         """The limits as PostgreSQL session settings (milliseconds)."""

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from bot import devdb
 from bot.clock import EPOCH
-from bot.components import dispatcher_settings
+from bot.components import dispatcher_settings, local_write_budget
 from bot.config import (
     REPO_ROOT,
     DatabaseSettings,
@@ -323,6 +323,7 @@ async def run_bot_demo(
             clock=clock.now,
             sleep=trace_sleep,
             options=ForgeOptions(retry=RetryPolicy(attempts=4, base_delay_s=0.2 * speed)),
+            budget=local_write_budget(settings, now=clock.now, sleep=trace_sleep),
         )
         # The dispatcher beats every heartbeat_s of wall time, which is `speed` times as many
         # seconds on the scaled clock the web process judges liveness by.

@@ -23,6 +23,7 @@ from bot.components import (
     planning_settings,
     posting_settings,
     queue_settings,
+    quiet_posting,
     session_timeouts,
     status_settings,
 )
@@ -39,7 +40,6 @@ from bot.pipeline import Pipeline, build_pipeline
 from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.plan_and_post import ReviewPipeline
-from bot.review.quiet_post import quiet_posting
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.status.eta import Capacity
 from bot.status.publisher import StatusPublisher

@@ -20,6 +20,8 @@ from datetime import datetime, timedelta
 from enum import IntEnum
 from typing import Literal
 
+from bot.config import DEFAULTS
+
 MINUTE_S = 60.0
 HOUR_S = 3600.0
 
@@ -39,8 +41,9 @@ class WriteValue(IntEnum):
 class BudgetLimits:
     """One forge identity's write allowance; 0 turns a window's limit off."""
 
-    per_minute: int = 80
-    per_hour: int = 500
+    # GitHub's, as the settings' defaults give them.
+    per_minute: int = DEFAULTS.budget.github_writes_per_minute
+    per_hour: int = DEFAULTS.budget.github_writes_per_hour
     min_interval_s: float = 1.0
     # Share of each window a write must leave to more valuable writes, by value: a write of
     # little worth never spends the room a review coming later needs. News is dropped, not

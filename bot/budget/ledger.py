@@ -36,6 +36,7 @@ from bot.budget.intent import (
     WriteSuperseded,
     current_intent,
 )
+from bot.config import DEFAULTS
 from bot.errors import ForgeError, StoreError
 from bot.queue.connector import Connector
 from bot.queue.sql import budget as sql
@@ -45,12 +46,20 @@ log = logging.getLogger(__name__)
 Now = Callable[[], datetime]
 Sleep = Callable[[float], Awaitable[None]]
 
-# GitHub's documented secondary limits for content-creating requests ("no more than 80
-# content-generating requests per minute and no more than 500 ... per hour"), its advice to
-# wait a second between POST/PATCH/PUT/DELETE requests; GitLab's default note creation limit
-# (300 a minute per user) and no hourly one.
-GITHUB_LIMITS = BudgetLimits(per_minute=80, per_hour=500, min_interval_s=1.0)
-GITLAB_LIMITS = BudgetLimits(per_minute=300, per_hour=0, min_interval_s=0.0)
+# The settings' defaults: GitHub's documented secondary limits for content-creating requests
+# ("no more than 80 content-generating requests per minute and no more than 500 ... per hour"),
+# GitLab's default note creation limit (300 a minute per user) and no hourly one. Besides,
+# GitHub advises waiting a second between POST/PATCH/PUT/DELETE requests.
+GITHUB_LIMITS = BudgetLimits(
+    per_minute=DEFAULTS.budget.github_writes_per_minute,
+    per_hour=DEFAULTS.budget.github_writes_per_hour,
+    min_interval_s=1.0,
+)
+GITLAB_LIMITS = BudgetLimits(
+    per_minute=DEFAULTS.budget.gitlab_writes_per_minute,
+    per_hour=DEFAULTS.budget.gitlab_writes_per_hour,
+    min_interval_s=0.0,
+)
 DEFAULT_LIMITS: Mapping[str, BudgetLimits] = {"github": GITHUB_LIMITS, "gitlab": GITLAB_LIMITS}
 
 

@@ -25,6 +25,7 @@ from bot.commands.decide import (
 )
 from bot.commands.inbox import commands_of
 from bot.commands.outbox import OutboxItem, build_outbox, run_outbox_pass
+from bot.config import DEFAULTS
 from bot.errors import ForgeError, StoreError
 from bot.forges.base import (
     ForgeClient,
@@ -66,8 +67,10 @@ class CommandWorkerSettings:
     max_age_s: float = 6 * 3600.0  # commands older than this are not executed any more
     max_attempts: int = 3
     permission_ttl_s: float = 60.0
-    workers: int = 8  # LLM worker slots, for the ETA until the status publisher kept its model
-    outage_backoff_s: float = 1.0  # first pause after the database is lost
+    # LLM worker slots, for the ETA until the status publisher kept its model.
+    workers: int = DEFAULTS.scheduler.workers
+    # First pause after the database is lost.
+    outage_backoff_s: float = DEFAULTS.database.outage_backoff_s
     # Replies and reactions the forge did not take: tries and backoff, as for reviews.
     reply_budget: RetryBudget = field(
         default_factory=lambda: RetryBudget(max_attempts=5, backoff_s=30.0, max_backoff_s=900.0)

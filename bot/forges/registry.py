@@ -5,17 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import aiohttp
 
-from bot.budget.ledger import (
-    GITHUB_LIMITS,
-    GITLAB_LIMITS,
-    BudgetSettings,
-    LocalWriteBudget,
-    WriteBudget,
-)
+from bot.budget.ledger import WriteBudget
 from bot.config import Settings
 from bot.errors import ConfigError
 from bot.forges.base import Clock, ForgeClient, RetryPolicy, Sleep, utc_now
@@ -30,8 +24,6 @@ class ForgeOptions:
     """Client knobs the settings do not carry (tests and the demo tune them)."""
 
     retry: RetryPolicy | None = None
-    # GitHub asks for a second between content-creating requests (the budget's spacing).
-    post_interval_s: float = 1.0
     timeout_s: float = 30.0
     requester: str = "review-bot"
 
@@ -89,54 +81,26 @@ def configured_forges(settings: Settings) -> tuple[str, ...]:
     )
 
 
-def budget_settings(settings: Settings, *, post_interval_s: float = 1.0) -> BudgetSettings:
-    """The write budget's limits per forge, from the settings."""
-    return BudgetSettings(
-        limits={
-            "github": replace(
-                GITHUB_LIMITS,
-                per_minute=settings.budget.github_writes_per_minute,
-                per_hour=settings.budget.github_writes_per_hour,
-                min_interval_s=post_interval_s * settings.budget.window_scale,
-                time_scale=settings.budget.window_scale,
-                margin_s=GITHUB_LIMITS.margin_s * settings.budget.window_scale,
-            ),
-            "gitlab": replace(
-                GITLAB_LIMITS,
-                per_minute=settings.budget.gitlab_writes_per_minute,
-                per_hour=settings.budget.gitlab_writes_per_hour,
-                time_scale=settings.budget.window_scale,
-                margin_s=GITLAB_LIMITS.margin_s * settings.budget.window_scale,
-            ),
-        }
-    )
-
-
 def build_forges(
     settings: Settings,
     *,
+    budget: WriteBudget,
     session: aiohttp.ClientSession | None = None,
     clock: Clock = utc_now,
     sleep: Sleep = asyncio.sleep,
     options: ForgeOptions | None = None,
-    budget: WriteBudget | None = None,
 ) -> ForgeRegistry:
     """Clients for every forge the settings configure; raises ConfigError on half an App.
 
     GitHub: GITHUB_TOKEN, or GITHUB_APP_ID + GITHUB_PRIVATE_KEY (installation tokens per
     repository), at GITHUB_API_URL. GitLab: GITLAB_TOKEN at GITLAB_URL. A forge without
     credentials is left out; its jobs fail with a message naming what to set. Call inside a
-    running event loop (the GitHub client's aiohttp session needs one). `budget` is the write
-    budget every process shares (bot serve's, in PostgreSQL); without it each client keeps
-    its own, with the settings' limits.
+    running event loop (the GitHub client's aiohttp session needs one). Every client spends
+    from `budget`: bot serve's, in PostgreSQL and shared by every process, or one this
+    process keeps alone (bot.components.local_write_budget). Its limits are the settings',
+    mapped in bot.components, which this package may not import: so the caller builds it.
     """
     options = options or ForgeOptions()
-    if budget is None:
-        budget = LocalWriteBudget(
-            now=clock,
-            sleep=sleep,
-            settings=budget_settings(settings, post_interval_s=options.post_interval_s),
-        )
     if bool(settings.forges.github_app_id) != bool(settings.forges.github_private_key) and not (
         settings.forges.github_token
     ):
@@ -160,7 +124,6 @@ def build_forges(
             clock=clock,
             sleep=sleep,
             retry=options.retry,
-            post_interval_s=options.post_interval_s,
             budget=budget,
         )
     if settings.forges.gitlab_token:
@@ -185,7 +148,6 @@ def build_forges(
 __all__ = [
     "ForgeOptions",
     "ForgeRegistry",
-    "budget_settings",
     "build_forges",
     "configured_forges",
     "github_configured",

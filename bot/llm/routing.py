@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
 
+from bot.config import DEFAULTS
+
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 # Reviews whose cookies are remembered at once; the oldest are forgotten first.
 MAX_SESSIONS = 4096
@@ -56,7 +58,7 @@ def parse_set_cookies(values: Iterable[str]) -> dict[str, str]:
 class RouterAffinity:
     """Headers that route one review's calls together, and the cookies each review was given."""
 
-    session_header: str = "x-session-id"
+    session_header: str = DEFAULTS.llm.session_header
     objectives: Sequence[str] = ()
     max_sessions: int = MAX_SESSIONS
     cookies: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)

@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy.exc import ProgrammingError
 
 from bot.clock import SystemClock
-from bot.config import Settings
+from bot.config import DEFAULTS, Settings
 from bot.errors import ConfigError, ReviewBotError, StoreError
 from bot.model import LEVELS, Level
 from bot.queue.reports import STATEMENTS, ReportQueries
@@ -77,9 +77,9 @@ class ReportOptions:
     until: datetime | None = None
     repo: str | None = None
     thresholds: Mapping[Level, float] = field(
-        default_factory=lambda: {Level.P0: 10.0, Level.P1: 60.0, Level.P2: 300.0}
+        default_factory=lambda: dict(DEFAULTS.alerts.threshold_s)
     )
-    slots: int = 8
+    slots: int = DEFAULTS.scheduler.workers
     limit: int = 1000
     # When "still waiting" is judged: the window's end if earlier; the caller's clock.
     now: datetime | None = None

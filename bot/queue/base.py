@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from bot.config import DEFAULTS
 from bot.queue.connector import QUEUE_CHANNEL, Connector
 
 
@@ -13,8 +14,8 @@ from bot.queue.connector import QUEUE_CHANNEL, Connector
 class QueueSettings:
     """Store-level knobs: attempts, backoff, wake-ups."""
 
-    max_attempts: int = 3
-    retry_backoff_s: float = 10.0
+    max_attempts: int = DEFAULTS.queue.max_attempts
+    retry_backoff_s: float = DEFAULTS.queue.retry_backoff_s
     max_backoff_s: float = 600.0
     notify: bool = True
     # A newer head supersedes the older review even while it runs. Quiet reviews turn this

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from bot.config import DEFAULTS
 from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import ForgeClient, PullChanges
 from bot.model import (
@@ -54,7 +55,7 @@ class PlanningSettings:
     backoff_s: float = 15.0
     max_backoff_s: float = 900.0
     # Planning claims a job for this long (the lease): a planner that dies loses it after.
-    lease_s: float = 300.0
+    lease_s: float = DEFAULTS.scheduler.lease_s
     # Prompt tokens each chunk keeps for the title, description and code context; 0 reads no
     # file for context.
     context_tokens: int = DEFAULT_CONTEXT_TOKENS

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from bot.budget.intent import WriteIntent, writing
 from bot.clock import Clock
+from bot.config import DEFAULTS
 from bot.errors import ForgeError, ForgeNotFound, LeaseLost
 from bot.forges.base import (
     ForgeClient,
@@ -53,7 +54,7 @@ class PostingSettings:
     max_backoff_s: float = 1800.0
     # A poster claims a job for this long (the lease; its heartbeat renews it), so a
     # completion and a recovery pass never race, and a dead poster's job is taken over after.
-    lease_s: float = 300.0
+    lease_s: float = DEFAULTS.scheduler.lease_s
     owner: str = field(default_factory=lambda: f"poster-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 

@@ -10,21 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from bot.config import DEFAULTS
 from bot.model import SEVERITIES
 from bot.queue.findings import StoredFinding
 from bot.review.fingerprint import FingerprintedFinding, loose_key, normalize_code, side_lines
 from bot.review.parse import SEVERITY_RANK
-
-DEFAULT_MIN_INLINE_SEVERITY = "info"
-DEFAULT_INLINE_CAP = 50
 
 
 @dataclass(frozen=True, slots=True)
 class QuietSettings:
     """How loud a review may be: the lowest severity posted inline and a cap per review."""
 
-    min_inline_severity: str = DEFAULT_MIN_INLINE_SEVERITY
-    inline_cap: int = DEFAULT_INLINE_CAP
+    min_inline_severity: str = DEFAULTS.review.min_inline_severity
+    inline_cap: int = DEFAULTS.review.inline_cap
 
     def __post_init__(self) -> None:
         if self.min_inline_severity not in SEVERITY_RANK:

@@ -15,7 +15,6 @@ from typing import Any
 
 from bot.budget.intent import WriteIntent, writing
 from bot.clock import Clock
-from bot.config import Settings
 from bot.errors import ForgeError, ForgeNotFound, LeaseLost
 from bot.forges.base import ForgeClient, ReviewToPost, append_marker, guarded_writes
 from bot.forges.quiet import PostedFindings, QuietForge, quiet_forge_for
@@ -64,19 +63,6 @@ class QuietPosting:
     settings: QuietSettings = field(default_factory=QuietSettings)
     # The diffs planning read in this process, so that a post need not read them again.
     planned: PlannedDiffs = field(default_factory=PlannedDiffs)
-
-
-def quiet_posting(settings: Settings, store: QueueStore) -> QuietPosting | None:
-    """Quiet posting as the settings configure it (None: every push reviewed in full)."""
-    if not settings.review.quiet:
-        return None
-    return QuietPosting(
-        store.findings,
-        QuietSettings(
-            min_inline_severity=settings.review.min_inline_severity,
-            inline_cap=settings.review.inline_cap,
-        ),
-    )
 
 
 def settings_for(job: Job, defaults: QuietSettings) -> QuietSettings:
@@ -498,7 +484,6 @@ __all__ = [
     "findings_to_record",
     "inline_review",
     "post_quiet_review",
-    "quiet_posting",
     "settings_for",
     "summary_facts",
     "upsert_summary",

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from bot.config import SchedulerSettings
+from bot.config import DEFAULTS, SchedulerSettings
 from bot.model import LEVELS, Level
 
 # fifo: one queue, one call per review; priority: levels, no time slicing; mlfq: this module.
@@ -21,10 +21,10 @@ LevelCounts = Sequence[int] | Mapping[Level, int]
 class MlfqSettings:
     """Knobs of the level choice, feedback, aging and the short-work reserve."""
 
-    weights: tuple[int, int, int, int] = (8, 4, 2, 1)
+    weights: tuple[int, int, int, int] = DEFAULTS.scheduler.weights
     # GPU seconds a job may use at P0, P1, P2 before it drops one level (P3 is the floor).
-    quantum_s: tuple[float, float, float] = (120.0, 90.0, 240.0)
-    aging_interval_s: float = 1800.0
+    quantum_s: tuple[float, float, float] = DEFAULTS.scheduler.quantum_s
+    aging_interval_s: float = DEFAULTS.scheduler.aging_interval_s
     # Slots kept for P0 and for jobs expected to finish within `short_work_s` while others are
     # busy: a hotfix then waits for a short call at most, never for a long one.
     reserved_slots: int = 1

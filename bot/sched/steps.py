@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bot.clock import Clock
-from bot.config import SchedulerSettings
+from bot.config import DEFAULTS, SchedulerSettings
 from bot.errors import LeaseLost, LLMError
 from bot.llm.base import CallProgress, LLMBackend, ProgressSource, ReportsProgress
 from bot.model import LEVELS, JobState, Level
@@ -52,22 +52,23 @@ class DispatcherSettings:
     """How one dispatcher process runs."""
 
     policy: SchedulingPolicy = "mlfq"
-    slots: int = 8
+    slots: int = DEFAULTS.scheduler.workers
     owner: str = "dispatcher"
-    lease_s: float = 300.0
-    heartbeat_s: float = 30.0
-    poll_s: float = 5.0
+    lease_s: float = DEFAULTS.scheduler.lease_s
+    heartbeat_s: float = DEFAULTS.scheduler.heartbeat_s
+    poll_s: float = DEFAULTS.scheduler.poll_s
     maintenance_s: float = 60.0  # aging and lease reclaim period
-    outage_backoff_s: float = 1.0  # first pause after the database is lost
+    # First pause after the database is lost.
+    outage_backoff_s: float = DEFAULTS.database.outage_backoff_s
     # After stop(), running calls get this long to finish before they are handed back.
-    shutdown_grace_s: float = 20.0
+    shutdown_grace_s: float = DEFAULTS.scheduler.shutdown_grace_s
     mlfq: MlfqSettings = field(default_factory=MlfqSettings)
     # mlfq: rank reviews by the cost learned per language, repository and pull request
     # (bot.sched.cost), learning from every review this dispatcher finishes; off, by the
     # line over changed lines alone (REVIEW_BOT_LEARNED_COSTS). Off by default: on the mornings
     # measured it lowers mean turnaround by 0-3% (bench/results/learned_estimate.md), and on
     # the sharp-peak test trace it misses the 0.40x-FIFO target by 0.3 s.
-    learned_costs: bool = False
+    learned_costs: bool = DEFAULTS.scheduler.learned_costs
 
     @classmethod
     def from_scheduler(
@@ -76,7 +77,7 @@ class DispatcherSettings:
         *,
         owner: str,
         policy: SchedulingPolicy = "mlfq",
-        outage_backoff_s: float = 1.0,
+        outage_backoff_s: float = DEFAULTS.database.outage_backoff_s,
     ) -> DispatcherSettings:
         """Settings from the bot's SchedulerSettings."""
         return cls(

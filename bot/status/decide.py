@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from bot.config import DEFAULTS
 from bot.model import SEVERITIES, JobState, Level
 
 StatusState = Literal["queued", "in_progress", "completed"]
 Conclusion = Literal["success", "neutral", "cancelled", "skipped"]
-DEFAULT_NEUTRAL_AT = "major"
+DEFAULT_NEUTRAL_AT: str = DEFAULTS.status.neutral_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class PublishRules:
     # nor a state change) per forge in any hour. GitHub allows 500 content-creating requests
     # an hour; a morning whose engines run slower than estimated would otherwise spend them
     # on ETAs while reviews wait to be posted.
-    updates_per_hour: int = 120
+    updates_per_hour: int = DEFAULTS.status.updates_per_hour
 
 
 NEWS_FREE = frozenset({"first", "state", "republish"})  # reasons that are never rationed

@@ -26,6 +26,7 @@ from bot.budget.decide import BudgetLimits, WriteValue
 from bot.budget.intent import WriteHeld, WriteIntent, writing
 from bot.budget.ledger import DEFAULT_LIMITS
 from bot.clock import Clock
+from bot.config import DEFAULTS
 from bot.errors import ForgeError, LeaseLost, StoreError
 from bot.forges.base import ForgePermissionDenied, guarded_writes
 from bot.forges.statuses import (
@@ -70,9 +71,9 @@ class StatusWriter(Protocol):
 class StatusSettings:
     """Whether statuses are written, how often the queue is looked at, and when to speak."""
 
-    enabled: bool = True
+    enabled: bool = DEFAULTS.status.enabled
     neutral_at: str = DEFAULT_NEUTRAL_AT
-    interval_s: float = 5.0
+    interval_s: float = DEFAULTS.status.interval_s
     # State changes arrive in bursts (a thousand reviews a morning): passes they wake are at
     # least this far apart, so one pass answers many of them.
     min_gap_s: float = 0.5

@@ -15,6 +15,7 @@ import pytest
 
 from bot import cli
 from bot.clock import SystemClock, VirtualClock
+from bot.components import local_write_budget
 from bot.diff import extract_files, parse_files
 from bot.emulator import ForgeEmulator, generate_file_changes
 from bot.forges.base import RetryPolicy, ReviewToPost
@@ -119,9 +120,13 @@ class ErringModel:
 
 @pytest.fixture
 async def forges(emulator: ForgeEmulator) -> AsyncIterator[ForgeRegistry]:
+    settings = forge_settings(emulator)
     registry = build_forges(
-        forge_settings(emulator),
-        options=ForgeOptions(retry=RetryPolicy(attempts=2, base_delay_s=0.01), post_interval_s=0),
+        settings,
+        options=ForgeOptions(retry=RetryPolicy(attempts=2, base_delay_s=0.01)),
+        budget=local_write_budget(
+            settings, now=SystemClock().now, sleep=asyncio.sleep, post_interval_s=0
+        ),
     )
     async with registry:
         yield registry
@@ -263,11 +268,13 @@ async def test_no_anchored_comment_is_ever_refused(
     # minute on a virtual clock, and the emulator's window is off (neither is what this test
     # is about; it took a minute of real waiting).
     emulator.state.set_content_limits("gitlab", per_minute=0, per_hour=0)
+    settings = forge_settings(emulator)
     forges = build_forges(
-        forge_settings(emulator),
+        settings,
         clock=clock.now,
         sleep=clock.sleep,
-        options=ForgeOptions(retry=RetryPolicy(attempts=2, base_delay_s=0.01), post_interval_s=0),
+        options=ForgeOptions(retry=RetryPolicy(attempts=2, base_delay_s=0.01)),
+        budget=local_write_budget(settings, now=clock.now, sleep=clock.sleep, post_interval_s=0),
     )
     async with forges:
         await _post_thirty_erring_reviews(forge, emulator, forges)

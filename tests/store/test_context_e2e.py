@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.clock import SystemClock
+from bot.components import local_write_budget
 from bot.emulator import EmulatedPull, Fault, ForgeEmulator
 from bot.emulator.quiet import open_pull_from_trees
 from bot.forges.base import RetryPolicy
@@ -89,9 +90,13 @@ class RecordingBackend(SimulatedBackend):
 
 @pytest.fixture
 async def forges(emulator: ForgeEmulator) -> AsyncIterator[ForgeRegistry]:
+    settings = forge_settings(emulator)
     registry = build_forges(
-        forge_settings(emulator),
-        options=ForgeOptions(retry=RetryPolicy(attempts=2, base_delay_s=0.01), post_interval_s=0),
+        settings,
+        options=ForgeOptions(retry=RetryPolicy(attempts=2, base_delay_s=0.01)),
+        budget=local_write_budget(
+            settings, now=SystemClock().now, sleep=asyncio.sleep, post_interval_s=0
+        ),
     )
     async with registry:
         yield registry

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from bot.app import create_app
 from bot.clock import SystemClock
+from bot.components import local_write_budget
 from bot.config import DEFAULT_POLICY_DIR
 from bot.emulator import (
     EmulatedPull,
@@ -69,8 +70,9 @@ class Bot:
     async def start(self, *, slots: int = 4, lease_s: float = 30.0) -> None:
         self.forges = build_forges(
             self.settings,
-            options=ForgeOptions(
-                retry=RetryPolicy(attempts=4, base_delay_s=0.05), post_interval_s=0.0
+            options=ForgeOptions(retry=RetryPolicy(attempts=4, base_delay_s=0.05)),
+            budget=local_write_budget(
+                self.settings, now=SystemClock().now, sleep=asyncio.sleep, post_interval_s=0.0
             ),
         )
         if self.server is None:

@@ -11,6 +11,7 @@ import jwt
 import pytest
 
 from bot.clock import VirtualClock
+from bot.components import local_write_budget
 from bot.config import DEFAULT_POLICY_DIR
 from bot.emulator import (
     EmulatorState,
@@ -27,7 +28,7 @@ from bot.forges.github import (
     app_jwt_claims,
     clock_skew,
 )
-from bot.forges.registry import ForgeOptions, build_forges
+from bot.forges.registry import ForgeOptions, ForgeRegistry, build_forges
 from bot.intake.normalize import normalize_delivery
 from bot.intake.verify import Delivery
 from bot.llm.simulated import SimulatedBackend
@@ -96,13 +97,25 @@ async def test_the_installation_from_the_webhook_serves_planning_and_posting(
     settings = forge_settings(
         emulator, github_token=None, github_app_id=APP_ID, github_private_key=app_key[0]
     )
-    options = ForgeOptions(retry=RetryPolicy(attempts=1), post_interval_s=0.0)
-    async with build_forges(settings, clock=clock.now, sleep=clock.sleep, options=options) as one:
+
+    def started() -> ForgeRegistry:
+        """The clients a freshly started process builds, its write budget its own."""
+        return build_forges(
+            settings,
+            clock=clock.now,
+            sleep=clock.sleep,
+            options=ForgeOptions(retry=RetryPolicy(attempts=1)),
+            budget=local_write_budget(
+                settings, now=clock.now, sleep=clock.sleep, post_interval_s=0.0
+            ),
+        )
+
+    async with started() as one:
         assert [o.result for o in await claim_and_plan_jobs(store, one, book, now=clock.now())] == [
             "planned"
         ]
     await run_all_chunks(store, SimulatedBackend(), clock)
-    async with build_forges(settings, clock=clock.now, sleep=clock.sleep, options=options) as two:
+    async with started() as two:
         outcome = await post_job_review(store, two, submitted.job_id, now=clock.now())
     assert outcome.result == "posted", outcome
     job = await store.get_job(submitted.job_id)

@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from bot.clock import SystemClock
+from bot.components import local_write_budget
 from bot.config import DatabaseSettings, ForgeSettings, LLMSettings, Settings, WebSettings
 from bot.errors import ConfigError, StartError
 from bot.forges.registry import build_forges
@@ -51,7 +52,10 @@ async def test_a_role_part_that_does_not_start_leaves_nothing_running(
             ),
             llm=LLMSettings(backend="simulated"),
         ).with_changes(**changes)
-        forges = build_forges(settings)
+        forges = build_forges(
+            settings,
+            budget=local_write_budget(settings, now=SystemClock().now, sleep=asyncio.sleep),
+        )
         with pytest.raises(StartError) as raised:
             async with run_role(
                 "all",

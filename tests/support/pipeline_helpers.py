@@ -6,6 +6,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.clock import VirtualClock
+from bot.components import local_write_budget
 from bot.config import ForgeSettings, Settings
 from bot.emulator import EmulatedPull, EmulatorState, ForgeEmulator
 from bot.forges.base import RetryPolicy
@@ -81,11 +82,15 @@ def emulator_forges(
 ) -> ForgeRegistry:
     """Real GitHub and GitLab clients pointed at the emulator, sleeping on the virtual clock
     (which records every sleep)."""
+    settings = forge_settings(emulator)
     registry = build_forges(
-        forge_settings(emulator),
+        settings,
         clock=clock.now,
         sleep=clock.sleep,
-        options=ForgeOptions(retry=RetryPolicy(attempts=attempts), post_interval_s=post_interval_s),
+        options=ForgeOptions(retry=RetryPolicy(attempts=attempts)),
+        budget=local_write_budget(
+            settings, now=clock.now, sleep=clock.sleep, post_interval_s=post_interval_s
+        ),
     )
     return registry
 
