@@ -42,7 +42,7 @@ from bot.policy import evaluate, load_policy_book
 from bot.queue.store import QueueSettings, QueueStore
 from bot.review.plan_and_post import ReviewPipeline
 from bot.review.prompts import build_messages
-from bot.sched.mlfq import ServiceEstimator
+from bot.sched.cost import CostEstimate
 
 TOKEN = "bench-token"
 SMELLS = (
@@ -197,7 +197,7 @@ async def run_mode(database_url: str, week: list[Scenario], *, quiet: bool) -> C
                 await store.submit_request(
                     request, evaluate(book.policy_for(request.repo), request), now=clock.now()
                 )
-                await pipeline.plan_jobs(clock.now(), ServiceEstimator.with_prior())
+                await pipeline.plan_jobs(clock.now(), CostEstimate())
                 while True:
                     leased = await store.fetch_chunk(
                         levels=LEVELS, owner="bench", now=clock.now(), lease_s=60

@@ -92,8 +92,13 @@ def status_settings(settings: Settings) -> StatusSettings:
 
 
 def command_worker_settings(settings: Settings) -> CommandWorkerSettings:
-    """The slash-command worker's."""
-    return CommandWorkerSettings(lease_s=min(COMMAND_CLAIM_MAX_S, settings.scheduler.lease_s))
+    """The slash-command worker's: its claims' lease, the slots its ETA counts until the
+    status publisher keeps a model, its pause after the database is lost."""
+    return CommandWorkerSettings(
+        lease_s=min(COMMAND_CLAIM_MAX_S, settings.scheduler.lease_s),
+        workers=settings.scheduler.workers,
+        outage_backoff_s=settings.database.outage_backoff_s,
+    )
 
 
 def quiet_settings(settings: Settings) -> QuietSettings:

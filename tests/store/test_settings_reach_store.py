@@ -75,6 +75,7 @@ def test_every_role_maps_the_settings_to_its_components_alike() -> None:
             "REVIEW_BOT_RETRY_BACKOFF_S": "4",
             "REVIEW_BOT_LEASE_S": "45",
             "REVIEW_BOT_STATUS_INTERVAL_S": "20",
+            "REVIEW_BOT_WORKERS": "6",
         }
     )
     dispatching = dispatcher_settings(settings, owner="demo")
@@ -85,5 +86,8 @@ def test_every_role_maps_the_settings_to_its_components_alike() -> None:
     assert posting_settings(settings).lease_s == 45.0
     # The publisher's lease covers three of its passes; command claims last two minutes at most.
     assert status_settings(settings).lease_s == 60.0
-    assert command_worker_settings(settings).lease_s == 45.0
+    commands = command_worker_settings(settings)
+    assert commands.lease_s == 45.0
+    # /review status estimates with the configured slots until the publisher keeps a model.
+    assert (commands.workers, commands.outage_backoff_s) == (6, 4.0)
     assert command_worker_settings(_settings({"REVIEW_BOT_LEASE_S": "900"})).lease_s == 120.0
