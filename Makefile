@@ -13,7 +13,7 @@ LLM ?= simulated
 # worker (tests/conftest.py, tests/system/test_faults.py). TEST_WORKERS=0 runs them in-process.
 TEST_WORKERS ?= 4
 
-.PHONY: test check demo lint test-vllm bench bench-queue bench-intake bench-scheduling bench-llm bench-engine bench-review bench-forge clean
+.PHONY: test check demo lint test-vllm bench bench-queue bench-queue-profile bench-intake bench-scheduling bench-llm bench-engine bench-review bench-forge clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ bench: bench-queue bench-intake bench-scheduling
 
 bench-queue: $(BENCH_STAMP)
 	$(BIN)/python bench/queue_throughput.py
+
+# Where each queue of bench-queue waits inside PostgreSQL (pg_stat_activity), and the plans of
+# review-bot's dequeue, finish and enqueue statements.
+bench-queue-profile: $(BENCH_STAMP)
+	$(BIN)/python bench/queue_profile.py
 
 bench-intake: $(BENCH_STAMP)
 	$(BIN)/python bench/intake.py

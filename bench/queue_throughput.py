@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -39,44 +40,65 @@ from bot.stats import percentile
 CHUNKS_PER_JOB = 10
 
 
-async def run_review_bot(url: str, chunks: int, consumers: int) -> dict[str, float]:
+def _unobserved(phase: str) -> None:
+    """The phase hook of a plain run (bench/queue_profile.py samples the server per phase)."""
+
+
+def bench_request(number: int) -> ReviewRequest:
+    """Review `number` of the benchmark: one pull request, every one of them new."""
+    return ReviewRequest(
+        forge="github",
+        repo="acme/bench",
+        number=number,
+        title="bench",
+        author="dev",
+        author_is_bot=False,
+        base_ref="main",
+        head_ref=f"f/{number}",
+        base_sha="b" * 40,
+        head_sha=f"{number:040d}",
+        event="pull_request",
+        action="opened",
+    )
+
+
+def bench_plans() -> list[ChunkPlan]:
+    """One review's chunks: CHUNKS_PER_JOB of one file each."""
+    return [
+        ChunkPlan(files=({"path": f"f{i}.py", "lines": 10},), lines=10)
+        for i in range(CHUNKS_PER_JOB)
+    ]
+
+
+async def enqueue_reviews(store: QueueStore, jobs: int, producers: int, now: datetime) -> None:
+    """Enqueue `jobs` reviews from `producers` concurrent producers, each review as intake and
+    planning store it: `submit_request` then `plan_job`, at levels P0-P3 in turn."""
+
+    async def enqueue_range(first: int, last: int) -> None:
+        for number in range(first, last):
+            level = Level(number % 4)
+            result = await store.submit_request(
+                bench_request(number), PolicyDecision(level=level, reasons=("bench",)), now=now
+            )
+            assert result.job_id is not None
+            await store.plan_job(result.job_id, bench_plans(), now=now)
+
+    step = max(1, jobs // producers)
+    await asyncio.gather(*(enqueue_range(i, min(jobs, i + step)) for i in range(0, jobs, step)))
+
+
+async def run_review_bot(
+    url: str, chunks: int, consumers: int, on_phase: Callable[[str], None] = _unobserved
+) -> dict[str, float]:
     await upgrade_database(url)
     # NOTIFY on enqueue, as `bot serve` runs the store (pgqueuer's trigger does the same).
     store = QueueStore.from_url(url, settings=QueueSettings(notify=True), pool_size=consumers)
     now = datetime.now(UTC)
+    on_phase("enqueue")
     started = time.perf_counter()
-    jobs = chunks // CHUNKS_PER_JOB
-
-    async def enqueue_range(first: int, last: int) -> None:
-        for number in range(first, last):
-            request = ReviewRequest(
-                forge="github",
-                repo="acme/bench",
-                number=number,
-                title="bench",
-                author="dev",
-                author_is_bot=False,
-                base_ref="main",
-                head_ref=f"f/{number}",
-                base_sha="b" * 40,
-                head_sha=f"{number:040d}",
-                event="pull_request",
-                action="opened",
-            )
-            level = Level(number % 4)
-            result = await store.submit_request(
-                request, PolicyDecision(level=level, reasons=("bench",)), now=now
-            )
-            assert result.job_id is not None
-            plans = [
-                ChunkPlan(files=({"path": f"f{i}.py", "lines": 10},), lines=10)
-                for i in range(CHUNKS_PER_JOB)
-            ]
-            await store.plan_job(result.job_id, plans, now=now)
-
-    step = max(1, jobs // consumers)
-    await asyncio.gather(*(enqueue_range(i, min(jobs, i + step)) for i in range(0, jobs, step)))
+    await enqueue_reviews(store, chunks // CHUNKS_PER_JOB, consumers, now)
     enqueued = time.perf_counter()
+    on_phase("drain")
     latencies: list[float] = []
     finished: list[int] = []
     levels_seen: list[int] = []
@@ -102,6 +124,7 @@ async def run_review_bot(url: str, chunks: int, consumers: int) -> dict[str, flo
 
     await asyncio.gather(*(consume(f"consumer-{i}") for i in range(consumers)))
     drained = time.perf_counter()
+    on_phase("done")
     await store.close()
     counts = Counter(finished)
     assert len(counts) == chunks and max(counts.values()) == 1, "a chunk was lost or repeated"
@@ -119,12 +142,15 @@ async def run_review_bot(url: str, chunks: int, consumers: int) -> dict[str, flo
     }
 
 
-async def run_pgqueuer(url: str, chunks: int, consumers: int) -> dict[str, float]:
+async def run_pgqueuer(
+    url: str, chunks: int, consumers: int, on_phase: Callable[[str], None] = _unobserved
+) -> dict[str, float]:
     from pgqueuer.adapters.persistence.queries import Queries
     from pgqueuer.ports.repository import EntrypointExecutionParameter
 
     admin = await asyncpg.connect(url)
     await Queries.from_asyncpg_connection(admin).install()
+    on_phase("enqueue")
     started = time.perf_counter()
     jobs = chunks // CHUNKS_PER_JOB
 
@@ -145,6 +171,7 @@ async def run_pgqueuer(url: str, chunks: int, consumers: int) -> dict[str, float
     step = max(1, jobs // consumers)
     await asyncio.gather(*(enqueue_range(i, min(jobs, i + step)) for i in range(0, jobs, step)))
     enqueued = time.perf_counter()
+    on_phase("drain")
     latencies: list[float] = []
     finished: list[int] = []
 
@@ -173,6 +200,7 @@ async def run_pgqueuer(url: str, chunks: int, consumers: int) -> dict[str, float
 
     await asyncio.gather(*(consume() for _ in range(consumers)))
     drained = time.perf_counter()
+    on_phase("done")
     await admin.close()
     counts = Counter(finished)
     assert len(counts) == chunks and max(counts.values()) == 1, "pgqueuer lost or repeated a job"
