@@ -38,8 +38,20 @@ def refusing(name: str) -> Context:
     return context
 
 
+_BEFORE: set[asyncio.Task[object]] = set()
+
+
+@pytest.fixture(autouse=True)
+async def tasks_before() -> None:
+    """The tasks already in the loop (a worker's loop runs every test of its session): a task
+    another test left behind is that test's failure, not this one's."""
+    _BEFORE.clear()
+    _BEFORE.update(asyncio.all_tasks())
+
+
 def other_tasks() -> set[asyncio.Task[object]]:
-    return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+    """Tasks started since the test began, besides the test's own."""
+    return asyncio.all_tasks() - {asyncio.current_task()} - _BEFORE  # type: ignore[operator]
 
 
 async def test_contexts_start_in_order_and_stop_in_reverse_once_stopping_is_set() -> None:
