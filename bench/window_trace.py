@@ -4,11 +4,9 @@
 
 An engine's decode step of n sequences takes t0 + k*n + c*n**2 (the c term: a server short of
 cores or bandwidth, like the CPU server that peaks at 8), so tokens/s n / step peaks at
-sqrt(t0 / c). A second table adds the engine's own queue: past `queues_past` sequences the
-rest wait inside it and say so (vLLM's num_requests_waiting, as the CPU server shows when its
-batch's token budget is spent). Each judged interval runs 30 s at the window with 2% of noise
-on tokens/s (seeded); the window is the served controller (bot.sched.window.adapt_window).
-Deterministic: one run is the figure. Writes bench/results/window_trace.md.
+sqrt(t0 / c). Each judged interval runs 30 s at the window with 2% of noise on tokens/s (seeded);
+the window is the served controller (bot.sched.window.adapt_window). Deterministic: one run is
+the figure. Writes bench/results/window_trace.md.
 """
 
 from __future__ import annotations
@@ -19,40 +17,28 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bot.config import WindowSettings
-from bot.llm.vllm_metrics import EngineLoad
 from bot.sched.window import WindowObservation, adapt_window, initial_window
 
 RESULTS = Path(__file__).resolve().parent / "results"
 T0 = 0.02
 
 
-def observe(
-    best: int, window: int, rng: random.Random, queues_past: int | None = None
-) -> WindowObservation:
-    running = window if queues_past is None else min(window, queues_past)
-    step_s = T0 + 0.25 * T0 / best * running + T0 / best**2 * running * running
-    tokens = round(running / step_s * 30.0 * (1 + rng.uniform(-0.02, 0.02)))
-    # A queued request's latency includes its wait for a place.
-    latency_per_token = step_s * window / running
+def observe(best: int, window: int, rng: random.Random) -> WindowObservation:
+    step_s = T0 + 0.25 * T0 / best * window + T0 / best**2 * window * window
+    tokens = round(window / step_s * 30.0 * (1 + rng.uniform(-0.02, 0.02)))
     return WindowObservation(
-        elapsed_s=30.0,
-        completed=max(1, tokens // 300),
-        tokens=tokens,
-        latency_s=latency_per_token * tokens,
-        engine=EngineLoad(requests_waiting=float(window - running)),
+        elapsed_s=30.0, completed=max(1, tokens // 300), tokens=tokens, latency_s=step_s * tokens
     )
 
 
-def trace(
-    best: int, reviews: int, settings: WindowSettings, queues_past: int | None = None
-) -> list[tuple[int, str]]:
+def trace(best: int, reviews: int, settings: WindowSettings) -> list[tuple[int, str]]:
     """(window, reason) per judged interval while `reviews` one-chunk reviews drain."""
     rng = random.Random(best)
     state = initial_window(settings)
     steps: list[tuple[int, str]] = [(state.window, "initial")]
     left = reviews
     while (left := left - max(settings.min_completions, state.window)) >= 0:
-        decision = adapt_window(state, observe(best, state.window, rng, queues_past), settings)
+        decision = adapt_window(state, observe(best, state.window, rng), settings)
         state = decision.state
         steps.append((state.window, decision.reason))
     return steps
@@ -75,18 +61,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for best in (4, 8, 13, 24, 48):
         steps = trace(best, 40, settings)
         lines.append(f"| {best} | " + " → ".join(f"{w} ({r})" for w, r in steps) + " |")
-    lines += [
-        "",
-        "Engines that queue requests inside them past a window:",
-        "",
-        "| best window | queues past | windows, interval by interval (reason) |",
-        "|---:|---:|---|",
-    ]
-    for best, queues_past in ((4, 5), (4, 6), (8, 9), (13, 10)):
-        steps = trace(best, 40, settings, queues_past)
-        lines.append(
-            f"| {best} | {queues_past} | " + " → ".join(f"{w} ({r})" for w, r in steps) + " |"
-        )
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:

@@ -71,10 +71,6 @@ class WindowState:
     slow_start: bool = True
     holds: int = 0  # judged intervals in a row that moved nothing (a probe follows)
     probe_up: bool = False  # the last probe went up (the next one goes down)
-    # The smallest window at which the engine last said it was saturated (requests queued
-    # inside it, preemptions, refusals): grows stop below it; only a probe goes back there,
-    # and an interval there without trouble forgets it.
-    saturated_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +119,6 @@ def growth_step(state: WindowState, settings: WindowSettings) -> int:
 def _decide(
     state: WindowState, window: int, reason: WindowReason, settings: WindowSettings
 ) -> WindowDecision:
-    if reason != "probe" and state.saturated_at is not None and window > state.window:
-        # A grow stops short of where the engine said it was full: growing back into it
-        # measures the same trouble again and loses the interval.
-        window = max(state.window, min(window, state.saturated_at - 1))
     clamped = _clamp(window, settings)
     holds = state.holds + 1 if clamped == state.window else 0
     return WindowDecision(replace(state, window=clamped, holds=holds), reason)
@@ -135,21 +127,9 @@ def _decide(
 def _back_off(
     state: WindowState, window: int, reason: WindowReason, settings: WindowSettings
 ) -> WindowDecision:
-    saturated_at = min(state.window, state.saturated_at or state.window)
-    previous = state.measured_window
-    if state.slow_start and previous is not None and previous < state.window and previous <= window:
-        # Trouble right after a doubling: the window it doubled from was measured clean, so
-        # go back there and keep its measurement to compare with, as a doubling that paid
-        # too little does. (Stepping down one place at a time from past the knee, each step
-        # a fresh baseline, ratchets back up: 4 -> 8 -> 7 -> 6 -> 8 -> 10 on the CPU server.)
-        return WindowDecision(
-            replace(state, window=previous, slow_start=False, holds=0, saturated_at=saturated_at),
-            reason=reason,
-        )
     # The last interval was measured at another operating point: compare afresh from here.
     return WindowDecision(
-        WindowState(window=_clamp(window, settings), slow_start=False, saturated_at=saturated_at),
-        reason=reason,
+        WindowState(window=_clamp(window, settings), slow_start=False), reason=reason
     )
 
 
@@ -182,9 +162,6 @@ def adapt_window(
         return WindowDecision(replace(state, window=_clamp(window, settings)), "no_data")
     if not observation.full:
         return WindowDecision(replace(state, window=_clamp(window, settings)), "not_full")
-    if state.saturated_at is not None and window >= state.saturated_at:
-        # A clean interval where the engine was full before: that was a passing burst.
-        state = replace(state, saturated_at=None)
     kv_full = engine.kv_cache_usage is not None and engine.kv_cache_usage >= settings.kv_cache_high
     throughput = observation.tokens_per_s
     latency = observation.latency_per_token_s
@@ -199,10 +176,7 @@ def adapt_window(
     grow_reason: WindowReason = "kv_cache_full" if kv_full else "throughput_up"
     previous = state.measured_window
     if state.tokens_per_s is None or state.latency_per_token_s is None or previous is None:
-        # Slow start grows from its first measurement to find the knee; after a back-off the
-        # baseline holds, so that the next move is judged against it rather than made blind.
-        baseline_to = grow_to if state.slow_start else window
-        return _decide(measured, baseline_to, "kv_cache_full" if kv_full else "baseline", settings)
+        return _decide(measured, grow_to, "kv_cache_full" if kv_full else "baseline", settings)
     ratio = throughput / state.tokens_per_s if state.tokens_per_s > 0 else math.inf
     slower = latency > state.latency_per_token_s * (1 + settings.tolerance)
     if window > previous:

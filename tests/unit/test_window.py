@@ -166,44 +166,6 @@ def test_vllm_preemptions_and_queued_requests_take_one_place_off() -> None:
     assert adapt_window(measured(20, 100.0, 0.1), queued, SETTINGS).window == 19
 
 
-def test_queueing_right_after_a_doubling_goes_back_to_the_window_measured_before_it() -> None:
-    # 4 was measured clean, slow start doubled to 8, and vLLM now queues requests: back to 4
-    # with 4's measurement kept to compare with, not down one place to a blind baseline at 7.
-    state = replace(measured(4, 27.4, 0.15), window=8, slow_start=True)
-    decision = adapt_window(
-        state, interval(24.7, 0.3, engine=EngineLoad(requests_waiting=2)), SETTINGS
-    )
-    assert (decision.reason, decision.window) == ("server_queue", 4)
-    assert decision.state.tokens_per_s == pytest.approx(27.4)
-    assert decision.state.measured_window == 4
-    assert (decision.state.slow_start, decision.state.saturated_at) == (False, 8)
-
-
-def test_the_baseline_after_a_back_off_holds_the_window() -> None:
-    backed_off = adapt_window(
-        measured(8, 100.0, 0.1),
-        interval(90.0, 0.1, engine=EngineLoad(requests_waiting=1)),
-        SETTINGS,
-    ).state
-    assert (backed_off.window, backed_off.tokens_per_s) == (7, None)
-    decision = adapt_window(backed_off, interval(95.0, 0.1), SETTINGS)
-    assert (decision.reason, decision.window) == ("baseline", 7)
-    assert decision.state.tokens_per_s == pytest.approx(95.0)
-
-
-def test_grows_stop_short_of_where_the_engine_was_full_and_only_a_probe_goes_there() -> None:
-    state = measured(6, 100.0, 0.1, saturated_at=8)
-    grown = adapt_window(state, interval(115.0, 0.1), SETTINGS)
-    assert (grown.reason, grown.window) == ("throughput_up", 7)
-    probing = adapt_window(
-        replace(state, holds=SETTINGS.probe_after), interval(100.0, 0.1), SETTINGS
-    )
-    assert (probing.reason, probing.window) == ("probe", 8)
-    # A clean interval at 8 means the queue there was a passing burst: 8 is forgotten.
-    at_eight = replace(probing.state, saturated_at=8)
-    assert adapt_window(at_eight, interval(120.0, 0.1), SETTINGS).state.saturated_at is None
-
-
 def test_a_full_kv_cache_stops_growth_but_not_shrinking() -> None:
     full = EngineLoad(kv_cache_usage=0.97, requests_waiting=0, new_preemptions=0)
     grew = adapt_window(measured(20, 100.0, 0.1), interval(150.0, 0.1, engine=full), SETTINGS)
@@ -548,22 +510,3 @@ def test_the_window_converges_within_a_drain_of_40_reviews(
     second_half = windows[len(windows) // 2 :]
     mean_throughput = sum(engine.tokens_per_s(w) for w in second_half) / len(second_half)
     assert mean_throughput >= 0.85 * peak
-
-
-@settings(max_examples=60, deadline=None)
-@given(noise=st.floats(0.0, 0.04), seed=st.integers(0, 10_000), queues_past=st.integers(5, 7))
-def test_an_engine_that_queues_past_its_best_window_is_run_at_its_best(
-    noise: float, seed: int, queues_past: int
-) -> None:
-    # The CPU server: tokens/s peak at 4 sequences, and from a few more on vLLM reports
-    # requests waiting inside it. Slow start doubles 4 -> 8 into the queue; stepping down one
-    # place at a time, each step a blind baseline that grew again, kept it at 6-8 (0.92x of
-    # the best here) for the whole drain.
-    config = WindowSettings(floor=1, ceiling=64, initial=4)
-    engine = peaked_engine(4, 0.0, noise, seed)
-    engine.capacity = queues_past
-    windows = drain(engine, config, reviews=40)
-    peak = max(engine.tokens_per_s(window) for window in range(1, 65))
-    second_half = windows[len(windows) // 2 :]
-    mean_throughput = sum(engine.tokens_per_s(w) for w in second_half) / len(second_half)
-    assert mean_throughput >= 0.97 * peak
