@@ -112,21 +112,26 @@ class Bot:
     async def crash(self) -> None:
         """Kill the dispatcher as a lost process would die: no release, leases left behind."""
         assert self.dispatcher is not None and self.task is not None
-        running = list(self.dispatcher._tasks)
-        self.task.cancel()
-        for task in running:
-            task.cancel()
-        # A dying process's connections end under whatever it was doing and the server rolls
-        # it back; the cancelled tasks meet closed connections instead of running on ones a
-        # cancel cut mid-query.
-        await self.store.connector.fetch_all(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = :name"
-            ),
-            {"name": self.process_name},
-        )
-        await asyncio.wait([self.task, *running], timeout=10)
+        dispatcher, main = self.dispatcher, self.task
+        # A process dies at once; tasks only end at their next await, and a cancel that lands
+        # inside a database call can be taken for an outage and retried (a run that waited
+        # for the tasks once hung for 300 s). So cancel until the whole dispatcher is gone.
+        # Its connections end on the server as a dead process's do, and the server rolls
+        # back whatever they were doing.
+        deadline = asyncio.get_running_loop().time() + 20.0
+        while not main.done() or dispatcher._tasks:
+            assert asyncio.get_running_loop().time() < deadline, "the dispatcher outlived its crash"
+            tasks = [main, *dispatcher._tasks]
+            for task in tasks:
+                task.cancel()
+            await self.store.connector.fetch_all(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = :name"
+                ),
+                {"name": self.process_name},
+            )
+            await asyncio.wait(tasks, timeout=0.5)
         assert self.dispatcher_store is not None
         await self.dispatcher_store.close()
         self.dispatcher_store = None
