@@ -93,9 +93,10 @@ async def test_migrations_wait_for_the_advisory_lock(empty_db_url: str) -> None:
     assert await _tables(empty_db_url) >= TABLES
 
 
-async def test_replicas_migrating_together_all_succeed(empty_db_url: str) -> None:
-    """Three processes run `bot db upgrade` at once, as replicas starting together do."""
-    environment = {**os.environ, "DATABASE_URL": empty_db_url}
+async def _upgrade_as_three_replicas(url: str) -> list[str]:
+    """Run `bot db upgrade` in three processes at once, as replicas starting together do;
+    each one's standard error, after checking all three succeeded."""
+    environment = {**os.environ, "DATABASE_URL": url}
     processes = [
         await asyncio.create_subprocess_exec(
             sys.executable,
@@ -109,10 +110,16 @@ async def test_replicas_migrating_together_all_succeed(empty_db_url: str) -> Non
         )
         for _ in range(3)
     ]
-    outputs = [await process.communicate() for process in processes]
+    errors = [err.decode() for _, err in [await process.communicate() for process in processes]]
     assert [process.returncode for process in processes] == [0, 0, 0], [
-        err.decode()[-2000:] for _, err in outputs
+        error[-2000:] for error in errors
     ]
+    return errors
+
+
+async def test_replicas_migrating_together_all_succeed(empty_db_url: str) -> None:
+    """Three processes run `bot db upgrade` at once, as replicas starting together do."""
+    await _upgrade_as_three_replicas(empty_db_url)
     assert await _tables(empty_db_url) >= TABLES
 
 
@@ -362,24 +369,6 @@ async def test_replicas_restamping_together_all_succeed(empty_db_url: str, db_ur
     restamps it under the migration lock and migrates, the others find it at head."""
     await upgrade_database(empty_db_url, "0008_status_outbox")
     await _stamp(empty_db_url, "0018_status_outbox")
-    environment = {**os.environ, "DATABASE_URL": empty_db_url}
-    processes = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bot",
-            "db",
-            "upgrade",
-            env=environment,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        for _ in range(3)
-    ]
-    outputs = [await process.communicate() for process in processes]
-    errors = [err.decode() for _, err in outputs]
-    assert [process.returncode for process in processes] == [0, 0, 0], [
-        error[-2000:] for error in errors
-    ]
+    errors = await _upgrade_as_three_replicas(empty_db_url)
     assert sum("earlier numbering" in error for error in errors) == 1, errors
     assert await _schema(empty_db_url) == await _schema(db_url)
