@@ -27,7 +27,7 @@ from bot.intake.shape import check_shape
 from bot.intake.verify import Delivery, verify_github_delivery, verify_gitlab_delivery
 from bot.logsafe import escaped
 from bot.model import Forge, ReviewRequest
-from bot.obs.liveness import read_liveness, stale_after
+from bot.obs.liveness import DEFAULT_STALE_S, read_liveness
 from bot.policy import PolicyBook, evaluate
 from bot.queue.store import QueueStore
 
@@ -48,7 +48,7 @@ class IntakeConfig:
     insecure_dev: bool
     bot_login: str
     max_body_bytes: int
-    dispatcher_stale_s: float = stale_after(30.0)
+    dispatcher_stale_s: float = DEFAULT_STALE_S
 
     def mode(self, forge: Forge) -> SignatureMode:
         """How deliveries of a forge are checked: verified, accepted unsigned, or refused."""

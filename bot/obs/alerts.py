@@ -22,7 +22,7 @@ from bot.config import AlertSettings
 from bot.errors import StoreError, StoreUnavailable
 from bot.logsafe import escaped
 from bot.model import Level
-from bot.obs.liveness import no_dispatcher_message, read_liveness, stale_after
+from bot.obs.liveness import DEFAULT_STALE_S, no_dispatcher_message, read_liveness
 from bot.obs.metrics import Metrics, read_queue_snapshot
 from bot.outage import OutageWatch
 from bot.queue.monitoring import MonitoringRecords
@@ -127,7 +127,7 @@ class AlertMonitor:
     limit: int = 500
     pending: list[Alert] = field(default_factory=list)
     last_sent_at: datetime | None = None
-    dispatcher_stale_s: float = stale_after(30.0)
+    dispatcher_stale_s: float = DEFAULT_STALE_S
     notes: list[str] = field(default_factory=list)  # service alerts not posted yet
     watching_since: datetime | None = None  # the first liveness check of this process
 
@@ -311,7 +311,7 @@ def alert_context(
     clock: Clock,
     metrics: Metrics | None = None,
     interval_s: float = 2.0,
-    dispatcher_stale_s: float = stale_after(30.0),
+    dispatcher_stale_s: float = DEFAULT_STALE_S,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A cleanup_ctx that runs the alert loop for the app's lifetime."""
 
@@ -348,7 +348,7 @@ def setup_alerts(
     clock: Clock | None = None,
     metrics: Metrics | None = None,
     interval_s: float = 2.0,
-    dispatcher_stale_s: float = stale_after(30.0),
+    dispatcher_stale_s: float = DEFAULT_STALE_S,
 ) -> None:
     """Run the alert loop while the app runs."""
     app.cleanup_ctx.append(

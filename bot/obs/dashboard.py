@@ -23,9 +23,10 @@ from aiohttp import web
 from markupsafe import Markup
 
 from bot.clock import Clock
+from bot.config import DEFAULTS
 from bot.model import LEVELS, Level
 from bot.obs.access import bearer_token, came_over_https, token_matches
-from bot.obs.liveness import Liveness, read_liveness, stale_after
+from bot.obs.liveness import DEFAULT_STALE_S, Liveness, read_liveness
 from bot.obs.metrics import QueueSnapshot, read_queue_snapshot
 from bot.queue.monitoring import MonitoringRecords
 from bot.stats import percentile
@@ -128,7 +129,7 @@ async def read_dashboard(
     now: datetime,
     hours: float,
     thresholds: Mapping[Level, float],
-    dispatcher_stale_s: float = stale_after(30.0),
+    dispatcher_stale_s: float = DEFAULT_STALE_S,
 ) -> DashboardView:
     """Read the page's data; raises StoreUnavailable or StoreError."""
     since = now - timedelta(hours=hours)
@@ -460,7 +461,7 @@ class AdminConfig:
     clock: Clock
     admin_token: str | None
     thresholds: Mapping[Level, float]
-    dispatcher_stale_s: float = stale_after(30.0)
+    dispatcher_stale_s: float = DEFAULT_STALE_S
     trust_forwarded_proto: bool = False
     standings: StandingsReader | None = None
 
@@ -543,7 +544,7 @@ def setup_admin(
     monitoring: MonitoringRecords,
     clock: Clock,
     thresholds: Mapping[Level, float] | None = None,
-    dispatcher_stale_s: float = stale_after(30.0),
+    dispatcher_stale_s: float = DEFAULT_STALE_S,
     trust_forwarded_proto: bool = False,
     standings: StandingsReader | None = None,
 ) -> None:
@@ -556,10 +557,6 @@ def setup_admin(
         dispatcher_stale_s=dispatcher_stale_s,
         trust_forwarded_proto=trust_forwarded_proto,
         standings=standings,
-        thresholds=dict(
-            thresholds
-            if thresholds is not None
-            else {Level.P0: 10.0, Level.P1: 60.0, Level.P2: 300.0}
-        ),
+        thresholds=dict(thresholds if thresholds is not None else DEFAULTS.alerts.threshold_s),
     )
     app.router.add_get("/admin", handle_admin)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from bot.config import DEFAULTS
 from bot.queue.monitoring import MonitoringRecords
 
 STALE_HEARTBEATS = 3
@@ -22,6 +23,10 @@ RECENT_S = 3600.0
 def stale_after(heartbeat_s: float) -> float:
     """How long without a beat before a dispatcher counts as dead."""
     return STALE_HEARTBEATS * heartbeat_s
+
+
+# The staleness of an unconfigured bot's dispatchers (REVIEW_BOT_HEARTBEAT_S at its default).
+DEFAULT_STALE_S = stale_after(DEFAULTS.scheduler.heartbeat_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from bot.clock import Clock
 from bot.errors import ConfigError, StoreError
 from bot.model import ANCHOR_OUTCOMES, LEVELS, Level
 from bot.obs.access import bearer_token, token_matches
-from bot.obs.liveness import read_liveness, stale_after
+from bot.obs.liveness import DEFAULT_STALE_S, read_liveness
 from bot.queue.monitoring import MonitoringRecords
 
 log = logging.getLogger(__name__)
@@ -384,7 +384,7 @@ class MetricsConfig:
     metrics: Metrics
     monitoring: MonitoringRecords
     clock: Clock
-    dispatcher_stale_s: float = stale_after(30.0)
+    dispatcher_stale_s: float = DEFAULT_STALE_S
     token: str | None = None  # when set, scrapes must present it as a bearer token
 
 
@@ -452,7 +452,7 @@ def setup_metrics(
     clock: Clock,
     metrics: Metrics | None = None,
     count_webhooks: bool = True,
-    dispatcher_stale_s: float = stale_after(30.0),
+    dispatcher_stale_s: float = DEFAULT_STALE_S,
     token: str | None = None,
     route: bool = True,
 ) -> Metrics:
