@@ -20,11 +20,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from bot.database_url import plain_url
 from bot.db import translate_database_error
-from bot.queue.sql.connection import NOTIFY, PING, READ_ONLY_SNAPSHOT
+from bot.queue.sql.connection import NOTIFY, PING, READ_ONLY_SNAPSHOT, WAKE_CHANNELS
+from bot.queue.wakeups import Wakeups
 
 QUEUE_CHANNEL = "review_bot_queue"  # wakes the dispatchers
 COMMAND_CHANNEL = "review_bot_commands"  # wakes the command worker (bot.commands.worker)
-# Wakes the status publisher: a trigger on review_jobs NOTIFYs it on every state change.
+# Wakes the status publisher: a trigger on review_jobs NOTIFYs it on every state change, and
+# intake wakes it after a new job commits (bot/queue/wakeups.py says why not in the insert).
 STATUS_CHANNEL = "review_bot_status"
 
 
@@ -77,8 +79,13 @@ class Connector:
         self.engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._read_only = engine.execution_options(postgresql_readonly=True)
+        self.wakeups = Wakeups(self._send_wakeups)
+        self._wake_connection: Any = None
 
     async def close(self) -> None:
+        await self.wakeups.drain()
+        if self._wake_connection is not None and not self._wake_connection.is_closed():
+            await self._wake_connection.close()
         await self.engine.dispose()
 
     @asynccontextmanager
@@ -139,6 +146,29 @@ class Connector:
     async def notify(self, conn: AsyncConnection, channel: str, payload: str) -> None:
         """NOTIFY `channel` when `conn`'s transaction commits."""
         await conn.execute(NOTIFY, {"channel": channel, "payload": payload})
+
+    def wake(self, *channels: str) -> None:
+        """Wake `channels`' listeners after a commit, in a NOTIFY of its own sent in the
+        background (coalesced: bot/queue/wakeups.py). Never raises for the database."""
+        self.wakeups.wake(*channels)
+
+    async def _send_wakeups(self, channels: tuple[str, ...]) -> None:
+        """One statement NOTIFYing `channels`, on a connection of its own: the pool's are
+        taken by the writers it follows, and an overflow connection would be opened for each
+        send and closed after it."""
+        import asyncpg
+
+        try:
+            if self._wake_connection is None or self._wake_connection.is_closed():
+                self._wake_connection = await asyncpg.connect(
+                    listen_dsn(self.engine.url), timeout=LISTEN_CONNECT_TIMEOUT_S
+                )
+            await self._wake_connection.execute(WAKE_CHANNELS, list(channels))
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            if self._wake_connection is not None:
+                self._wake_connection.terminate()
+                self._wake_connection = None
+            raise translate_database_error(exc, what="wake-up failed") from exc
 
     async def ping(self) -> None:
         """Check the database answers; raises StoreUnavailable."""

@@ -13,7 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bot.model import ChunkPlan, Job, JobId, JobState, PolicyDecision, ReviewRequest
 from bot.queue.base import QueueSettings, StorePart
-from bot.queue.connector import COMMAND_CHANNEL, QUEUE_CHANNEL, Connector, to_json
+from bot.queue.connector import (
+    COMMAND_CHANNEL,
+    QUEUE_CHANNEL,
+    STATUS_CHANNEL,
+    Connector,
+    to_json,
+)
 from bot.queue.history import write_history
 from bot.queue.levels import JobLevels
 from bot.queue.records import NO_FENCE, Fence, SubmitResult, job_from_row
@@ -142,8 +148,6 @@ class JobRecords(StorePart):
             "reason": "; ".join(decision.reasons) or "review requested",
             "actor": actor,
             "detail": to_json({"level": str(decision.level), "rule": decision.rule}),
-            "channel": QUEUE_CHANNEL,
-            "notify": self.settings.notify,
             "supersede_running": self.settings.supersede_running,
         }
         if not depends_on:
@@ -153,21 +157,28 @@ class JobRecords(StorePart):
             if (delivery_id is not None and not row.delivery_new) or (
                 row.job_id is not None and not row.superseded
             ):
-                return self._submitted(row, decision, JobState.QUEUED)
+                result = self._submitted(row, decision, JobState.QUEUED)
+            else:
+                async with self.connector.transaction() as conn:
+                    result = await self._after_submit(
+                        conn, row, key, decision, [], now=now, delivery_id=delivery_id
+                    )
+        else:
             async with self.connector.transaction() as conn:
-                return await self._after_submit(
-                    conn, row, key, decision, [], now=now, delivery_id=delivery_id
+                live_dependencies = (
+                    await conn.execute(jobs_sql.SELECT_LIVE_DEPENDENCIES, {"ids": list(depends_on)})
+                ).all()
+                if live_dependencies:
+                    params.update(state=JobState.WAITING.value, ready_at=None)
+                row = (await conn.execute(jobs_sql.SUBMIT_NEW_JOB, params)).one()
+                result = await self._after_submit(
+                    conn, row, key, decision, live_dependencies, now=now, delivery_id=delivery_id
                 )
-        async with self.connector.transaction() as conn:
-            live_dependencies = (
-                await conn.execute(jobs_sql.SELECT_LIVE_DEPENDENCIES, {"ids": list(depends_on)})
-            ).all()
-            if live_dependencies:
-                params.update(state=JobState.WAITING.value, ready_at=None)
-            row = (await conn.execute(jobs_sql.SUBMIT_NEW_JOB, params)).one()
-            return await self._after_submit(
-                conn, row, key, decision, live_dependencies, now=now, delivery_id=delivery_id
-            )
+        if result.created:
+            # After the commit, not in it (bot/queue/wakeups.py): the planner and the status
+            # publisher (a new job's check run is queued) look again.
+            self.connector.wake(STATUS_CHANNEL, *((QUEUE_CHANNEL,) if self.settings.notify else ()))
+        return result
 
     @staticmethod
     def _submitted(row: Row[Any], decision: PolicyDecision, state: JobState) -> SubmitResult:
@@ -362,12 +373,12 @@ class JobRecords(StorePart):
                         "level": int(decision.level) if decision is not None else None,
                         "plans": to_json(plans),
                         "now": now,
-                        "channel": QUEUE_CHANNEL,
-                        "notify": self.settings.notify,
                     },
                 )
             ).first()
         if planned is not None:
+            if plans and self.settings.notify:
+                self.connector.wake(QUEUE_CHANNEL)  # after the commit: the dispatchers
             return True
         # The decision moves the level, or the claim is lost, or the job was planned already:
         # the transaction below tells which.

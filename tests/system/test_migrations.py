@@ -322,11 +322,11 @@ def _restamps(caplog: pytest.LogCaptureFixture) -> list[str]:
 async def test_database_at_head_stamped_with_its_earlier_id_upgrades(
     db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A database at head stamped with the head's id before the renumbering is restamped
-    with the current id once, migrates nothing, and still goes down and up to named targets,
-    current ones or earlier ones."""
+    """A database at the last renumbered migration (0016, once 0026), stamped with its earlier
+    id, is restamped with the current id once, runs only the migrations added since, and
+    still goes down and up to named targets, current ones or earlier ones."""
     fresh = await _schema(db_url)
-    assert fresh["revision"] == [(current_head(),)] == [("0016_retry_columns_contract",)]
+    assert fresh["revision"] == [(current_head(),)] == [("0017_status_wake_after_insert",)]
     await _stamp(db_url, "0026_retry_columns_contract")
     with caplog.at_level(logging.INFO, logger="bot.db"):
         await upgrade_database(db_url)
@@ -343,7 +343,11 @@ async def test_database_at_head_stamped_with_its_earlier_id_upgrades(
     # A runbook written before the renumbering names its targets by their earlier ids.
     assert await downgrade_database(db_url, "0024_review_costs") == "0014_review_costs"
     assert (await _schema(db_url))["revision"] == [("0014_review_costs",)]
-    assert await upgrade_database(db_url, "0026_retry_columns_contract") == current_head()
+    assert (
+        await upgrade_database(db_url, "0026_retry_columns_contract")
+        == "0016_retry_columns_contract"
+    )
+    assert await upgrade_database(db_url) == "head"
     assert await _schema(db_url) == fresh
 
 

@@ -89,11 +89,11 @@ MARK_JOB_PLANNED = statement(
 )
 
 # Planning's common path in one statement, in autocommit (one round trip, one commit, as
-# intake's): mark the job planned as MARK_JOB_PLANNED does, take the policy's reasons, insert
-# its chunks at its level and wake the dispatchers. Nothing happens when the decision would
-# move the job's level (:level neither its base nor its current one): that move writes
-# history and moves chunks, and runs in plan_job's transaction instead; nor when the claim
-# is lost or the job was planned already.
+# intake's): mark the job planned as MARK_JOB_PLANNED does, take the policy's reasons and
+# insert its chunks at its level; the caller wakes the dispatchers once it commits. Nothing
+# happens when the decision would move the job's level (:level neither its base nor its
+# current one): that move writes history and moves chunks, and runs in plan_job's
+# transaction instead; nor when the claim is lost or the job was planned already.
 PLAN_JOB_AT_ITS_LEVEL = statement(
     """
     WITH marked AS (
@@ -121,13 +121,8 @@ PLAN_JOB_AT_ITS_LEVEL = statement(
              jsonb_to_recordset(CAST(:plans AS jsonb))
                  AS plan(seq int, rank double precision, files jsonb, lines int)
         RETURNING 1
-    ),
-    woken AS (
-        SELECT pg_notify(:channel, 'planned') FROM marked
-        WHERE CAST(:notify AS boolean) AND :chunks_total > 0
     )
-    SELECT marked.id, (SELECT count(*) FROM chunks) AS chunks,
-           (SELECT count(*) FROM woken) AS woken
+    SELECT marked.id, (SELECT count(*) FROM chunks) AS chunks
     FROM marked
     """
 )
@@ -257,8 +252,8 @@ SET_JOB_REASONS = statement(
 
 # Intake's common path in one statement: record the delivery (once), insert the job (once per
 # change), write its history, supersede older live reviews of the same PR (running ones only
-# with :supersede_running) with their history,
-# cancel their unstarted chunks and wake the dispatchers. The job id is drawn first so the
+# with :supersede_running) with their history and
+# cancel their unstarted chunks. The job id is drawn first so the
 # delivery can point at it. When the delivery was seen before nothing else happens; when the
 # change was seen before (`job_id` is NULL but the delivery is new), the caller re-evaluates.
 SUBMIT_NEW_JOB = statement(
@@ -314,14 +309,10 @@ SUBMIT_NEW_JOB = statement(
         SELECT superseded.id, :now, 'state', NULL, 'superseded',
                'superseded by job ' || job.id || ' for head ' || left(:head_sha, 12), 'intake'
         FROM superseded, job
-    ),
-    woken AS (
-        SELECT pg_notify(:channel, 'submitted') FROM job WHERE :notify
     )
     SELECT EXISTS (SELECT 1 FROM delivery) AS delivery_new,
            (SELECT id FROM job) AS job_id,
-           ARRAY(SELECT id FROM superseded) AS superseded,
-           (SELECT count(*) FROM woken) AS woken
+           ARRAY(SELECT id FROM superseded) AS superseded
     """
 )
 
