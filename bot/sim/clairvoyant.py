@@ -85,7 +85,7 @@ def clairvoyant_outcomes(
     return [
         RequestOutcome(
             request_id=r.id,
-            level=level_of(r) or Level.P1,
+            level=_level_or_p1(level_of(r)),
             arrival_s=r.arrival_s,
             ready_s=ready_at.get(r.id, r.arrival_s),
             started_s=started.get(r.id),
@@ -94,6 +94,11 @@ def clairvoyant_outcomes(
         )
         for r in reviewed
     ]
+
+
+def _level_or_p1(level: Level | None) -> Level:
+    # Level.P0 is 0, so `level or Level.P1` would report every hotfix as P1.
+    return Level.P1 if level is None else level
 
 
 def clairvoyant(trace: Trace, level_of: LevelOf, *, workers: int | None = None) -> dict[str, Any]:
