@@ -217,7 +217,7 @@ async def gitlab_create_discussion(ctx: Context) -> Any:
             pull.repo,
             pull.number,
             body,
-            {"position": position, "id": discussion_id},
+            {"position": position, "id": discussion_id, "note_id": note["id"]},
         )
     )
     ctx.status = 201

@@ -403,6 +403,11 @@ async def _gitlab_delete_note(ctx: Context) -> Any:
     if note["author"]["username"] != ctx.user:
         raise Reply(403, {"message": "403 Forbidden"})
     pull.notes.remove(note)
+    # A note that opened or replied in a discussion leaves it; a discussion left empty goes too.
+    for discussion in list(pull.discussions):
+        discussion["notes"] = [item for item in discussion["notes"] if item["id"] != note["id"]]
+        if not discussion["notes"]:
+            pull.discussions.remove(discussion)
     ctx.state.records.append(
         Record("gitlab", "note_delete", pull.repo, pull.number, None, {"id": note["id"]})
     )

@@ -345,6 +345,18 @@ def guarded_writes(guard: WriteGuard) -> Iterator[None]:
         _WRITE_GUARD.reset(token)
 
 
+async def always_held() -> bool:
+    """A guard for writes that are safe whoever holds the lease (taking back one's own)."""
+    return True
+
+
+async def write_guard_holds() -> bool:
+    """Whether the block's guard (if any) still says yes: asked after a write, it tells whether
+    the write went out after the lease was lost (sent by a process that resumed past it)."""
+    guard = _WRITE_GUARD.get()
+    return guard is None or await guard()
+
+
 async def check_write_guard(action: str) -> None:
     """Raise LeaseLost when the block's guard (if any) says the lease is gone."""
     guard = _WRITE_GUARD.get()

@@ -18,7 +18,7 @@ import requests
 
 from bot.budget.decide import WriteValue
 from bot.budget.ledger import BudgetKey, LocalWriteBudget, WriteBudget, token_name
-from bot.errors import ForgeError, ForgeNotFound
+from bot.errors import ForgeError, ForgeNotFound, LeaseLost
 from bot.forges.base import (
     MAX_FILES,
     READ_RETRY,
@@ -34,16 +34,19 @@ from bot.forges.base import (
     RetryPolicy,
     ReviewToPost,
     Sleep,
+    always_held,
     append_marker,
     check_write_guard,
     count_patch_lines,
     find_marker,
+    guarded_writes,
     parse_diff_lines,
     render_marker,
     render_summary_only,
     retry_forge_call,
     utc_now,
     with_suggestion,
+    write_guard_holds,
 )
 from bot.forges.blobs import BlobCache, decode_text
 from bot.forges.gitlab_files import BLOBS_QUERY, blobs_answered, blobs_variables, graphql_url
@@ -496,7 +499,10 @@ class GitLabClient:
                 old_path=old_paths.get(comment.path),
             )
             try:
-                await self._create_discussion(repo, number, body, position, file_path=comment.path)
+                created = await self._create_discussion(
+                    repo, number, body, position, file_path=comment.path
+                )
+                await self._one_discussion(repo, number, body, comment.path, created, review=review)
                 posted += 1
             except ForgeError as exc:
                 if exc.status != 400:
@@ -562,25 +568,88 @@ class GitLabClient:
 
     async def _create_discussion(
         self, repo: str, number: int, body: str, position: dict[str, Any], *, file_path: str
-    ) -> None:
+    ) -> int:
+        """Open an inline discussion; the id of its note."""
         project = self._project(repo)
         path = f"/projects/{project}/merge_requests/{number}/discussions"
 
-        def create(gl: gitlab.Gitlab) -> None:
-            gl.http_post(
+        def create(gl: gitlab.Gitlab) -> int:
+            answer = gl.http_post(
                 path, post_data={"body": body, "position": position}, obey_rate_limit=False
             )
+            return int(cast(dict[str, Any], answer)["notes"][0]["id"])
 
-        async def recheck() -> bool | None:
-            for note in await self._list_notes(repo, number):
-                if note.get("type") == "DiffNote" and (
-                    str(note.get("body") or ""),
-                    _note_path(note),
-                ) == (body, file_path):
-                    return True
-            return None
+        async def recheck() -> int | None:
+            found = await self._same_discussions(repo, number, body, file_path)
+            return found[0] if found else None
 
-        await self._call("create_discussion", create, write=WriteValue.REVIEW, recheck=recheck)
+        return await self._call(
+            "create_discussion", create, write=WriteValue.REVIEW, recheck=recheck
+        )
+
+    async def _same_discussions(
+        self, repo: str, number: int, body: str, file_path: str | None
+    ) -> list[int]:
+        """The note ids of the MR's inline notes with this body on this file, oldest first."""
+        return sorted(
+            int(note["id"])
+            for note in await self._list_notes(repo, number)
+            if note.get("type") == "DiffNote"
+            and (str(note.get("body") or ""), _note_path(note)) == (body, file_path)
+        )
+
+    async def _one_discussion(
+        self,
+        repo: str,
+        number: int,
+        body: str,
+        file_path: str | None,
+        created: int,
+        *,
+        review: ReviewToPost,
+    ) -> None:
+        """After opening an inline discussion: if another attempt at the job opened the same
+        one, keep the oldest (as bot.review.quiet_post.one_summary does for the summary).
+
+        A forge has no conditional writes: a process paused between its claim's last check and
+        its request sends the request when it resumes, after another attempt took the job over
+        and wrote the same finding. Each writer looks once its note is created (a taking-over
+        attempt always, a first attempt only when its claim is gone), and the later of the two
+        deletes its own, whichever order they land in. A stale writer then stops (LeaseLost).
+        """
+        stale = not await write_guard_holds()
+        if not stale and review.first_attempt:
+            return
+        with guarded_writes(always_held):  # taking back its own note is safe, even when stale
+            older = [
+                note_id
+                for note_id in await self._same_discussions(repo, number, body, file_path)
+                if note_id < created
+            ]
+            if older:
+                await self.delete_note(repo, number, created, write=WriteValue.REVIEW)
+                logger.warning(
+                    "job %s: inline note %s on %s written twice; kept %s",
+                    review.job_id,
+                    created,
+                    file_path,
+                    older[0],
+                    extra={"action": "discussion_doubled", "job_id": review.job_id},
+                )
+        if stale:
+            raise LeaseLost(
+                f"job {review.job_id}: the posting claim was taken over as a finding was written"
+            )
+
+    async def delete_note(self, repo: str, number: int, note_id: int, *, write: WriteValue) -> None:
+        """Delete one of the bot's own notes (one written twice); `write`: what it is worth."""
+        project = self._project(repo)
+        path = f"/projects/{project}/merge_requests/{number}/notes/{note_id}"
+
+        def delete(gl: gitlab.Gitlab) -> None:
+            gl.http_delete(path, obey_rate_limit=False)
+
+        await self._call("delete_note", delete, write=write)
 
     async def _create_note(
         self, repo: str, number: int, body: str, *, marker: str | None = None

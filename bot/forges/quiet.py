@@ -325,12 +325,7 @@ class GitLabQuiet:
 
     async def delete_summary(self, repo: str, number: int, comment_id: int) -> None:
         """Delete a summary note (one written twice)."""
-        path = f"{self._base(repo, number)}/notes/{comment_id}"
-
-        def delete(gl: gitlab.Gitlab) -> None:
-            gl.http_delete(path, obey_rate_limit=False)
-
-        await self.client._call("delete_summary", delete, write=WriteValue.SUMMARY_EDIT)
+        await self.client.delete_note(repo, number, comment_id, write=WriteValue.SUMMARY_EDIT)
 
     async def _discussions(self, repo: str, number: int) -> list[dict[str, Any]]:
         path = f"{self._base(repo, number)}/discussions"

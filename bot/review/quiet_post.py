@@ -16,7 +16,13 @@ from typing import Any
 from bot.budget.intent import WriteIntent, writing
 from bot.clock import Clock
 from bot.errors import ForgeError, ForgeNotFound, LeaseLost
-from bot.forges.base import ForgeClient, ReviewToPost, append_marker, guarded_writes
+from bot.forges.base import (
+    ForgeClient,
+    ReviewToPost,
+    always_held,
+    append_marker,
+    guarded_writes,
+)
 from bot.forges.quiet import PostedFindings, QuietForge, quiet_forge_for
 from bot.model import Chunk, Job, JobState
 from bot.queue.findings import FindingStore, FindingToRecord, PullRef, StoredFinding
@@ -287,7 +293,7 @@ async def one_summary(
     stale = still_held is not None and not await still_held()
     if not stale and attempt <= 1:
         return created
-    with guarded_writes(_always):  # taking back its own comment is safe, even when stale
+    with guarded_writes(always_held):  # taking back its own comment is safe, even when stale
         older = [
             item for item in await quiet.list_summaries(job.repo, job.number) if item.id < created
         ]
@@ -309,10 +315,6 @@ async def one_summary(
         return created
     await quiet.edit_summary(job.repo, job.number, older[0].id, body)
     return older[0].id
-
-
-async def _always() -> bool:
-    return True
 
 
 async def post_quiet_review(

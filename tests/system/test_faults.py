@@ -305,16 +305,32 @@ def _summaries_per_pull(state: EmulatorState) -> Counter[tuple[str, int]]:
     )
 
 
+def _deleted_notes(state: EmulatorState) -> set[object]:
+    return {record.data["id"] for record in state.posted(kind="note_delete")}
+
+
+def _discussion_notes(state: EmulatorState) -> set[object]:
+    return {record.data["note_id"] for record in state.posted(kind="discussion")}
+
+
 def _summaries_taken_back(state: EmulatorState) -> int:
-    return len(state.posted(kind="comment_delete")) + len(state.posted(kind="note_delete"))
+    summaries = _deleted_notes(state) - _discussion_notes(state)
+    return len(state.posted(kind="comment_delete")) + len(summaries)
+
+
+def _discussions_taken_back(state: EmulatorState) -> int:
+    return len(_deleted_notes(state) & _discussion_notes(state))
 
 
 def _repeated_writes(state: EmulatorState) -> list[tuple[str, str, int | None]]:
-    """Review bodies and inline findings the forge took more than once."""
+    """Review bodies and inline findings the forge took more than once and still shows (an
+    inline note written twice and taken back by its writer is not repeated on the page)."""
+    deleted = _deleted_notes(state)
     writes = Counter(
         (record.kind, record.repo, record.number, record.body)
         for record in state.records
-        if record.kind in ("review", "discussion")
+        if record.kind == "review"
+        or (record.kind == "discussion" and record.data["note_id"] not in deleted)
     )
     return [(kind, repo, number) for (kind, repo, number, _), n in writes.items() if n > 1]
 
@@ -645,7 +661,8 @@ async def test_a_dispatcher_paused_for_three_leases_writes_nothing_twice(
     assert dropped >= 1, "the resumed dispatcher held nothing that was taken over"
     print(
         f"paused at '{point}' for {PAUSE_S:.0f} s: {PAUSE_BURST} reviews, one summary each "
-        f"({_summaries_taken_back(state)} written twice and taken back), {dropped} stale results "
+        f"({_summaries_taken_back(state)} written twice and taken back; inline findings taken "
+        f"back: {_discussions_taken_back(state)}), {dropped} stale results "
         f"dropped, drained {drain_s:.1f} s after the pause began"
     )
 

@@ -6,12 +6,15 @@ import pytest
 
 from bot.clock import VirtualClock
 from bot.emulator import Fault, ForgeEmulator, generate_file_changes, seed_note
-from bot.errors import ForgeError, ForgeNotFound
+from bot.errors import ForgeError, ForgeNotFound, LeaseLost
 from bot.forges.base import (
     InlineComment,
     RetryPolicy,
     ReviewToPost,
+    WriteGuard,
+    always_held,
     find_marker,
+    guarded_writes,
     parse_diff_lines,
     render_marker,
 )
@@ -228,3 +231,87 @@ async def test_bad_token_is_not_retried(emulator: ForgeEmulator, clock: VirtualC
         await client.fetch_changes(REPO, 12)
     assert caught.value.status == 401 and not caught.value.retryable
     assert clock.sleeps == []
+
+
+def claim_lost_once_written(emulator: ForgeEmulator, number: int, discussions: int) -> WriteGuard:
+    """A posting claim that holds until the MR has `discussions` inline discussions: lost while
+    the request was on the wire (a process paused after its last check, resumed after a
+    takeover)."""
+
+    async def held() -> bool:
+        return len(emulator.state.posted(kind="discussion", number=number)) < discussions
+
+    return held
+
+
+def one_finding(files: list[FileChange], *, first_attempt: bool) -> ReviewToPost:
+    added = min(parse_diff_lines(files[0].patch).added)
+    return ReviewToPost(
+        job_id=81,
+        body="Review summary.",
+        comments=(InlineComment(files[0].path, added, "Check this."),),
+        first_attempt=first_attempt,
+    )
+
+
+def diff_notes(emulator: ForgeEmulator, number: int) -> list[dict[str, object]]:
+    pull = emulator.state.pulls[("gitlab", REPO, number)]
+    return [note for note in pull.notes if note.get("type") == "DiffNote"]
+
+
+async def test_a_stale_attempt_whose_finding_lands_second_takes_it_back(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=10, files=1, seed=11)
+    emulator.state.add_pull("gitlab", REPO, 21, files=files)
+    client = make_client(emulator, clock)
+    # The attempt that took the job over posted the review first.
+    await client.post_review(REPO, 21, one_finding(files, first_attempt=False))
+    [kept] = diff_notes(emulator, 21)
+    # The paused first attempt resumes and sends the finding it had checked its claim for.
+    with guarded_writes(claim_lost_once_written(emulator, 21, 2)), pytest.raises(LeaseLost):
+        await client.post_review(REPO, 21, one_finding(files, first_attempt=True))
+    assert diff_notes(emulator, 21) == [kept]
+    assert len(emulator.state.posted(kind="discussion", number=21)) == 2
+    pull = emulator.state.pulls[("gitlab", REPO, 21)]
+    assert [[note["id"] for note in item["notes"]] for item in pull.discussions] == [[kept["id"]]]
+
+
+async def test_a_takeover_whose_finding_lands_after_a_stale_one_takes_its_own_back(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=10, files=1, seed=12)
+    emulator.state.add_pull("gitlab", REPO, 22, files=files)
+    client, stale_client = make_client(emulator, clock), make_client(emulator, clock)
+    landed: list[int] = []
+
+    async def stale_lands_in_between() -> bool:
+        # The takeover looked for earlier findings and found none; the stale request lands now.
+        looked = any(
+            item.method == "GET" and item.path.endswith("/notes")
+            for item in emulator.state.requests
+        )
+        if looked and not landed:
+            with guarded_writes(always_held):
+                await stale_client.post_review(REPO, 22, one_finding(files, first_attempt=True))
+            landed.extend(int(str(note["id"])) for note in diff_notes(emulator, 22))
+        return True
+
+    with guarded_writes(stale_lands_in_between):
+        posted = await client.post_review(REPO, 22, one_finding(files, first_attempt=False))
+    assert posted.inline_posted == 1
+    assert [note["id"] for note in diff_notes(emulator, 22)] == landed and len(landed) == 1
+    assert len(emulator.state.posted(kind="discussion", number=22)) == 2
+    assert len(emulator.state.posted(kind="note_delete", number=22)) == 1
+
+
+async def test_a_first_attempt_holding_its_claim_reads_no_notes_after_a_finding(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=10, files=1, seed=13)
+    emulator.state.add_pull("gitlab", REPO, 23, files=files)
+    client = make_client(emulator, clock)
+    with guarded_writes(always_held):
+        await client.post_review(REPO, 23, one_finding(files, first_attempt=True))
+    listed = [item for item in emulator.state.requests if item.path.endswith("/notes")]
+    assert [item.method for item in listed] == ["POST"]
