@@ -26,7 +26,8 @@ class MlfqSettings:
     quantum_s: tuple[float, float, float] = DEFAULTS.scheduler.quantum_s
     aging_interval_s: float = DEFAULTS.scheduler.aging_interval_s
     # Slots kept for P0 and for jobs expected to finish within `short_work_s` while others are
-    # busy: a hotfix then waits for a short call at most, never for a long one.
+    # busy, and lent to other work while none of that is ready: short work then waits for a
+    # long call only when it came while the reserve was lent; a hotfix takes a slot back.
     reserved_slots: int = 1
     short_work_s: float = 20.0
     # Preemption for P0: when a new P0 review has no free slot and no running call is expected
@@ -128,7 +129,8 @@ def choose_slot(
     Work-conserving over the levels with ready work; P0 never waits for a share. Shares are
     first divided among the levels with new work (first chunks of jobs that have not started:
     a job's wait ends when its first call starts), then among all levels with ready work. The
-    last `reserved_slots` free slots take only P0 or short work while other slots are busy.
+    last `reserved_slots` free slots take only P0 or short work while other slots are busy,
+    and are lent to other work while none is ready.
     """
     if free_slots <= 0:
         return None
@@ -146,7 +148,10 @@ def choose_slot(
             running=running, ready=ready_short_work, weights=settings.weights
         )
         if not short_levels:
-            return None
+            # Lent, not kept idle: a P0 that comes takes a slot back from lower-level work
+            # (the dispatcher's preemption), and short work that comes finds the next free
+            # slot reserved again. Kept idle, it wasted a slot through every long backlog.
+            return SlotChoice(levels=levels, reason="reserve lent: no short work ready")
         return SlotChoice(
             levels=short_levels, max_rank=settings.short_work_s, reason="reserved for short work"
         )

@@ -4,7 +4,9 @@ Pure: plain data in, plain data out. The queue as it stands (running calls with 
 have left, queued calls with their ranks and expected lengths from the service estimator) is
 played forward on the engines' slots, every free slot filled by the scheduler's own choice
 (`bot.sched.mlfq.choose_slot`: P0 first, weighted shares, the short-work reserve), each level's
-calls taken in the queue's order (rank, then job). A fluid model (work divided by slots) was the
+calls taken in the queue's order (rank, then job); a new P0 review with no free slot takes one
+back as the dispatcher does (`choose_preemption`), so a hotfix is not promised the end of a
+long call it would not wait for. A fluid model (work divided by slots) was the
 first idea; it misjudges the shallow queues this scheduler keeps, where a review's calls start
 at once on free slots. Work that has not arrived yet is played too when `arrivals` is given: the
 recent stream of each level (one typical review every so many seconds) keeps arriving while the
@@ -15,11 +17,19 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bot.model import LEVELS, Level
-from bot.sched.mlfq import MlfqSettings, choose_slot, is_new_work
+from bot.sched.mlfq import (
+    CONTINUATION_RANK_OFFSET,
+    MlfqSettings,
+    RunningCall,
+    choose_preemption,
+    choose_slot,
+    is_new_work,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +109,9 @@ class _Progress:
 
 
 _Queues = dict[Level, list[tuple[float, int, float]]]  # per level, a heap of (rank, job, seconds)
+# A running call: (end, start order, job, level, long call, rank, seconds of the whole call,
+# start); a call running before the dry run began has an unknown rank and start (inf, -inf).
+_Running = list[tuple[float, int, int, Level, bool, float, float, float]]
 
 
 def estimate_queue(
@@ -111,7 +124,7 @@ def estimate_queue(
     queues: _Queues = {}
     counts = _Counts([0] * 4, [0] * 4, [0] * 4, [0] * 4)
     progress = {job.job_id: _Progress(start=0.0 if job.started else None) for job in jobs}
-    running: list[tuple[float, int, int, Level, bool]] = []
+    running: _Running = []
     order = itertools.count()
     for level in LEVELS:
         calls = sorted(
@@ -128,7 +141,9 @@ def estimate_queue(
         for left in job.running_s:
             end = max(0.0, left) / capacity.speed
             long_call = left > short_s
-            running.append((end, next(order), job.job_id, job.level, long_call))
+            running.append(
+                (end, next(order), job.job_id, job.level, long_call, math.inf, left, -math.inf)
+            )
             counts.running[job.level] += 1
             counts.running_long_work += int(long_call)
             progress[job.job_id].finish = max(progress[job.job_id].finish, end)
@@ -138,6 +153,8 @@ def estimate_queue(
     now = 0.0
     while real_left > 0:
         _fill(queues, counts, running, progress, capacity, now, order)
+        if _take_back_for_p0(queues, counts, running, capacity, now):
+            continue
         next_done = running[0][0] if running else float("inf")
         arriving = stream.next_at()
         if arriving is not None and arriving[0] < next_done:
@@ -152,7 +169,7 @@ def estimate_queue(
                 _start(level, queues, counts, running, progress, capacity, now, order)
                 continue
             break
-        now, _, job_id, level, long_call = heapq.heappop(running)
+        now, _, job_id, level, long_call, *_ = heapq.heappop(running)
         counts.running[level] -= 1
         counts.running_long_work -= int(long_call)
         if job_id >= 0:
@@ -205,7 +222,7 @@ class _Stream:
 def _fill(
     queues: _Queues,
     counts: _Counts,
-    running: list[tuple[float, int, int, Level, bool]],
+    running: _Running,
     progress: dict[int, _Progress],
     capacity: Capacity,
     now: float,
@@ -243,7 +260,7 @@ def _start(
     level: Level,
     queues: _Queues,
     counts: _Counts,
-    running: list[tuple[float, int, int, Level, bool]],
+    running: _Running,
     progress: dict[int, _Progress],
     capacity: Capacity,
     now: float,
@@ -260,11 +277,57 @@ def _start(
     counts.running[level] += 1
     counts.running_long_work += int(long_call)
     end = now + seconds / capacity.speed
-    heapq.heappush(running, (end, next(order), job_id, level, long_call))
+    heapq.heappush(running, (end, next(order), job_id, level, long_call, rank, seconds, now))
     mine = progress[job_id]
     if mine.start is None:
         mine.start = now
     mine.finish = max(mine.finish, end)
+
+
+_LONG_AGO_S = 1e9
+
+
+def _take_back_for_p0(
+    queues: _Queues, counts: _Counts, running: _Running, capacity: Capacity, now: float
+) -> bool:
+    """Take back slots for new P0 reviews that have none, as the dispatcher does
+    (`bot.sched.mlfq.choose_preemption`): the taken-back call goes back to its queue and is
+    done again from the start. Whether anything was taken back."""
+    waiting = counts.ready_new_work[Level.P0]
+    free = capacity.slots - len(running)
+    if waiting <= free or not capacity.mlfq.preempt:
+        return False
+    calls = [
+        RunningCall(
+            chunk_id=entry[1],
+            level=entry[3],
+            elapsed_s=elapsed,
+            expected_s=elapsed + (entry[0] - now) * capacity.speed,
+        )
+        for entry in running
+        # A call running before the dry run began is taken as the oldest (taken back last).
+        for elapsed in [_LONG_AGO_S if math.isinf(entry[7]) else (now - entry[7]) * capacity.speed]
+    ]
+    # Waited 0 s: the dry run plays a call expected to end within the grace as ending then.
+    choice = choose_preemption(
+        waiting=waiting, free_slots=free, running=calls, waited_s=0.0, settings=capacity.mlfq
+    )
+    if not choice.victims:
+        return False
+    victims = set(choice.victims)
+    for entry in [entry for entry in running if entry[1] in victims]:
+        _, _, job_id, level, long_call, rank, seconds, _ = entry
+        running.remove(entry)
+        counts.running[level] -= 1
+        counts.running_long_work -= int(long_call)
+        if math.isinf(rank):  # running before the dry run began: its rank is not known
+            rank = CONTINUATION_RANK_OFFSET + seconds
+        heapq.heappush(queues[level], (rank, job_id, seconds))
+        counts.ready[level] += 1
+        counts.ready_new_work[level] += int(is_new_work(rank))
+        counts.ready_short_work[level] += int(rank <= capacity.mlfq.short_work_s)
+    heapq.heapify(running)
+    return True
 
 
 def _estimates(jobs: Sequence[JobLoad], progress: dict[int, _Progress]) -> dict[int, Estimate]:

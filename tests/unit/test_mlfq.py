@@ -77,13 +77,13 @@ def test_fresh_work_is_shared_first() -> None:
     assert choice is not None and choice.levels == (Level.P1, Level.P2)
 
 
-def test_the_reserved_slot_takes_only_short_work() -> None:
+def test_the_reserved_slot_prefers_short_work_and_is_lent_when_there_is_none() -> None:
     settings = MlfqSettings(reserved_slots=1, short_work_s=20.0)
     kwargs = {"ready": [0, 5, 5, 0], "free_slots": 1, "total_slots": 8, "settings": settings}
-    idle = choose_slot(
+    lent = choose_slot(
         running=[0, 5, 2, 0], running_long_work=7, ready_short_work=[0, 0, 0, 0], **kwargs
     )
-    assert idle is None
+    assert lent is not None and lent.max_rank is None and lent.reason.startswith("reserve lent")
     short = choose_slot(
         running=[0, 5, 2, 0], running_long_work=7, ready_short_work=[0, 0, 2, 0], **kwargs
     )

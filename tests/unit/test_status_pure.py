@@ -188,8 +188,9 @@ def test_a_longer_queue_ahead_means_a_later_eta() -> None:
     assert estimate_queue([mine, *long], two_slots)[1].finish_in_s == pytest.approx(10.0)
 
 
-def test_the_reserved_slot_keeps_short_work_moving() -> None:
-    # Two slots, one reserved: a long call holds one; the other takes only short work.
+def test_the_reserved_slot_serves_short_work_first_then_is_lent() -> None:
+    # Two slots, one reserved: a long call holds one; the other takes short work first, and
+    # long work once no short work is left.
     long_running = JobLoad(1, Level.P1, started=True, running_s=(100.0,))
     long_queued = single(2, Level.P1, 60.0, rank=60.0)
     short_queued = single(3, Level.P2, 5.0, rank=5.0)
@@ -197,7 +198,29 @@ def test_the_reserved_slot_keeps_short_work_moving() -> None:
         [long_running, long_queued, short_queued], Capacity(slots=2, mlfq=MlfqSettings())
     )
     assert estimates[3].start_in_s == 0.0
-    assert estimates[2].start_in_s == pytest.approx(100.0)
+    assert estimates[2].start_in_s == pytest.approx(5.0)
+
+
+def test_a_new_p0_takes_a_slot_back_unless_a_call_ends_within_the_grace() -> None:
+    # One slot held by a P1 call; the dispatcher takes it back for a new P0 review (the call
+    # is done again later), unless it is expected to end within the grace (5 s).
+    p0 = single(9, Level.P0, 10.0)
+    long_left = JobLoad(1, Level.P1, started=True, running_s=(100.0,))
+    estimates = estimate_queue([long_left, p0], Capacity(slots=1, mlfq=NO_RESERVE))
+    assert estimates[9].start_in_s == 0.0 and estimates[9].finish_in_s == pytest.approx(10.0)
+    assert estimates[1].finish_in_s == pytest.approx(110.0)
+    ending = JobLoad(1, Level.P1, started=True, running_s=(3.0,))
+    estimates = estimate_queue([ending, p0], Capacity(slots=1, mlfq=NO_RESERVE))
+    assert estimates[9].start_in_s == pytest.approx(3.0)
+    no_preemption = MlfqSettings(reserved_slots=0, preempt=False)
+    estimates = estimate_queue([long_left, p0], Capacity(slots=1, mlfq=no_preemption))
+    assert estimates[9].start_in_s == pytest.approx(100.0)
+
+
+def test_p0_calls_are_never_taken_back() -> None:
+    running_p0 = JobLoad(1, Level.P0, started=True, running_s=(100.0,))
+    estimates = estimate_queue([running_p0, single(9, Level.P0, 10.0)], Capacity(slots=1))
+    assert estimates[9].start_in_s == pytest.approx(100.0)
 
 
 def test_a_faster_engine_shortens_the_eta() -> None:
