@@ -193,7 +193,8 @@ def translate_database_error(error: BaseException, *, what: str = "database erro
         origin = getattr(error, "orig", None)
         return StoreUnavailable(f"database unavailable: {origin or error}")
     origin = getattr(error, "orig", None)
-    if getattr(origin, "sqlstate", None) == UNDEFINED_TABLE:
+    # SQLAlchemy wraps the driver's error (`orig`); a statement run on the driver raises it bare.
+    if getattr(error if origin is None else origin, "sqlstate", None) == UNDEFINED_TABLE:
         return StoreError(
             "the database has no review-bot schema (or an old one): run `bot db upgrade`"
             f" ({origin})"

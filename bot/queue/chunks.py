@@ -96,22 +96,20 @@ class ChunkLeases(StorePart):
         """
         if not levels:
             return None
-        async with self.connector.single_statement() as conn:
-            row = (
-                await conn.execute(
-                    chunks_sql.FETCH_CHUNK,
-                    {
-                        "levels": [int(level) for level in levels],
-                        "owner": owner,
-                        "now": now,
-                        "lease_expires_at": now + timedelta(seconds=lease_s),
-                        "max_rank": float("inf") if max_rank is None else max_rank,
-                        "engine": engine,
-                    },
-                )
-            ).first()
-        if row is None:
+        rows = await self.connector.run_on_driver(
+            chunks_sql.FETCH_CHUNK,
+            {
+                "levels": [int(level) for level in levels],
+                "owner": owner,
+                "now": now,
+                "lease_expires_at": now + timedelta(seconds=lease_s),
+                "max_rank": float("inf") if max_rank is None else max_rank,
+                "engine": engine,
+            },
+        )
+        if not rows:
             return None
+        row = rows[0]
         return Leased(
             chunk=chunk_from_row(row),
             first_start=bool(row.first_start),
@@ -157,22 +155,20 @@ class ChunkLeases(StorePart):
     ) -> ChunkOutcome:
         """Store a chunk's result; raises LeaseLost when `owner` (as lease `attempt`, when
         given) no longer holds it."""
-        async with self.connector.single_statement() as conn:
-            job = (
-                await conn.execute(
-                    chunks_sql.FINISH_CHUNK,
-                    {
-                        "chunk_id": chunk_id,
-                        "owner": owner,
-                        "now": now,
-                        "gpu_seconds": gpu_seconds,
-                        "result": to_json(result),
-                        "attempt": attempt,
-                    },
-                )
-            ).first()
-        if job is None:
+        jobs = await self.connector.run_on_driver(
+            chunks_sql.FINISH_CHUNK,
+            {
+                "chunk_id": chunk_id,
+                "owner": owner,
+                "now": now,
+                "gpu_seconds": gpu_seconds,
+                "result": to_json(result),
+                "attempt": attempt,
+            },
+        )
+        if not jobs:
             raise LeaseLost(f"chunk {chunk_id} is no longer leased by {owner}")
+        job = jobs[0]
         return ChunkOutcome(
             job_id=JobId(job.id),
             job_complete=job.state == JobState.RUNNING and job.chunks_done >= job.chunks_total,

@@ -18,6 +18,7 @@ from bot.queue.connector import (
     QUEUE_CHANNEL,
     STATUS_CHANNEL,
     Connector,
+    DriverRow,
     to_json,
 )
 from bot.queue.history import write_history
@@ -152,8 +153,8 @@ class JobRecords(StorePart):
         }
         if not depends_on:
             # The common path is one statement in autocommit: one round trip, one commit.
-            async with self.connector.single_statement() as conn:
-                row = (await conn.execute(jobs_sql.SUBMIT_NEW_JOB, params)).one()
+            row: Row[Any] | DriverRow
+            [row] = await self.connector.run_on_driver(jobs_sql.SUBMIT_NEW_JOB, params)
             if (delivery_id is not None and not row.delivery_new) or (
                 row.job_id is not None and not row.superseded
             ):
@@ -181,7 +182,9 @@ class JobRecords(StorePart):
         return result
 
     @staticmethod
-    def _submitted(row: Row[Any], decision: PolicyDecision, state: JobState) -> SubmitResult:
+    def _submitted(
+        row: Row[Any] | DriverRow, decision: PolicyDecision, state: JobState
+    ) -> SubmitResult:
         if row.job_id is None:
             return SubmitResult(job_id=None, created=False, duplicate_delivery=True)
         return SubmitResult(
@@ -195,7 +198,7 @@ class JobRecords(StorePart):
     async def _after_submit(
         self,
         conn: AsyncConnection,
-        row: Row[Any],
+        row: Row[Any] | DriverRow,
         key: str,
         decision: PolicyDecision,
         live_dependencies: Sequence[Row[Any]],
@@ -361,22 +364,17 @@ class JobRecords(StorePart):
             **(fence.params if fence is not None else NO_FENCE),
         }
         # The common path: the job stays at its level, one statement (see the statement).
-        async with self.connector.single_statement() as conn:
-            planned = (
-                await conn.execute(
-                    jobs_sql.PLAN_JOB_AT_ITS_LEVEL,
-                    {
-                        **marking,
-                        "reasons": (
-                            to_json(list(decision.reasons)) if decision is not None else None
-                        ),
-                        "level": int(decision.level) if decision is not None else None,
-                        "plans": to_json(plans),
-                        "now": now,
-                    },
-                )
-            ).first()
-        if planned is not None:
+        planned = await self.connector.run_on_driver(
+            jobs_sql.PLAN_JOB_AT_ITS_LEVEL,
+            {
+                **marking,
+                "reasons": to_json(list(decision.reasons)) if decision is not None else None,
+                "level": int(decision.level) if decision is not None else None,
+                "plans": to_json(plans),
+                "now": now,
+            },
+        )
+        if planned:
             if plans and self.settings.notify:
                 self.connector.wake(QUEUE_CHANNEL)  # after the commit: the dispatchers
             return True

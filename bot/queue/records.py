@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from sqlalchemy.engine import Row
 
@@ -145,7 +145,14 @@ def job_from_row(row: Row[Any]) -> Job:
     )
 
 
-def chunk_from_row(row: Row[Any]) -> Chunk:
+class MappedRow(Protocol):
+    """A row read by column name: SQLAlchemy's Row, or the connector's DriverRow."""
+
+    @property
+    def _mapping(self) -> Mapping[Any, Any]: ...
+
+
+def chunk_from_row(row: MappedRow) -> Chunk:
     """A review_chunks row as a Chunk."""
     data = row._mapping
     return Chunk(
