@@ -147,6 +147,12 @@ class Connector:
                     if isinstance(error, StoreUnavailable):
                         await conn.invalidate()  # not handed out again
                     raise error from exc
+                except asyncpg.InternalClientError as exc:
+                    # The driver's protocol state is broken, as when the server ended the
+                    # session while the connection sat in the pool ("another operation is in
+                    # progress"): the connection is dropped, and this call failed for want of one.
+                    await conn.invalidate()
+                    raise StoreUnavailable(f"database connection broken: {exc}") from exc
         return [DriverRow(record) for record in records]
 
     def _compiled_for_driver(self, statement: TextClause) -> tuple[str, tuple[str, ...]]:
