@@ -78,6 +78,28 @@ class StatusRecords:
         no longer holds (fenced: the new holder owns the record)."""
         return bool(await self.connector.write(sql.RECORD_REPORT, dict(report)))
 
+    async def note_stale_write(
+        self,
+        *,
+        job_id: int,
+        state: str,
+        conclusion: str | None,
+        external_id: str | None,
+        now: datetime,
+    ) -> None:
+        """A fenced-off publisher's write reached the forge: note what the forge shows now,
+        and owe an ended job's final status again (see NOTE_STALE_WRITE)."""
+        await self.connector.write(
+            sql.NOTE_STALE_WRITE,
+            {
+                "job_id": job_id,
+                "state": state,
+                "conclusion": conclusion,
+                "external_id": external_id,
+                "now": now,
+            },
+        )
+
     async def save_eta_model(self, *, name: str, model: Mapping[str, Any], now: datetime) -> None:
         """Keep the ETA model `name` for every other process."""
         await self.connector.write(

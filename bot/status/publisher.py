@@ -491,13 +491,35 @@ class StatusPublisher:
         if not recorded:
             log.warning(
                 "status of job %s (publisher attempt %s) written as the lease was taken over:"
-                " not recorded, the new leader writes it",
+                " not recorded, the new leader writes it over",
                 row.id,
                 self.attempt,
                 extra={"action": "lease_lost", "job_id": int(row.id)},
             )
+            await self._note_stale_write(row, report, written, now)
             return False
         return True
+
+    async def _note_stale_write(
+        self, row: Any, report: StatusReport, written: StatusWritten, now: datetime
+    ) -> None:
+        """The forge took a write the new leader does not know of (it may show a job that has
+        ended as running again): tell the leader, who writes the job's state over it."""
+        try:
+            await self.records.note_stale_write(
+                job_id=int(row.id),
+                state=report.state,
+                conclusion=report.conclusion,
+                external_id=written.external_id,
+                now=now,
+            )
+        except StoreError as exc:
+            log.warning(
+                "status of job %s: a stale write could not be noted: %s",
+                row.id,
+                exc,
+                extra={"action": "status_record_failed", "job_id": int(row.id)},
+            )
 
     async def run(self, stop: asyncio.Event, *, database_url: str | None = None) -> None:
         """Pass after pass until `stop`: at once when a job changes state (LISTEN on the

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from bot.clock import VirtualClock
 from bot.emulator import Fault, ForgeEmulator, generate_file_changes
 from bot.errors import ForgeError
-from bot.forges.base import RetryPolicy
+from bot.forges.base import RetryPolicy, always_held, guarded_writes
 from bot.forges.github import GitHubClient
 from bot.forges.gitlab import GitLabClient
 from bot.forges.statuses import StatusUpdate
@@ -516,16 +516,21 @@ async def test_a_publisher_resuming_after_a_takeover_writes_and_records_nothing(
     stalling.resume.set()
     resumed = await paused
     assert resumed.written == 1  # the write that was on the wire; nothing after it
+    # The stale pass cannot tell whether the forge took its write before the new leader's or
+    # after: it asks the leader to write the ended job's final status over it, which costs one
+    # write more here, where it landed first.
+    assert (await fresh.publish_once(clock.now())).written == 1
     written = [r.data for r in emulator.state.posted(forge="github", kind="commit_status")]
     # Each job's statuses end completed; the stale pass wrote nothing about the second job.
     assert [item["state"] for item in written] == ["pending", "pending", "pending", "success",
-                                                   "success"]  # fmt: skip
+                                                   "success", "success"]  # fmt: skip
+    assert written[-1]["url"].endswith(first.newest.head_sha)
     async with store.engine.connect() as conn:
         rows = (
             await conn.execute(text("SELECT job_id, state, writes FROM status_reports ORDER BY 1"))
         ).all()
     assert [tuple(row) for row in rows] == [
-        (stale_job, "completed", 2),
+        (stale_job, "completed", 3),
         (other_job, "completed", 2),
     ]
 
@@ -566,6 +571,61 @@ async def test_a_final_status_written_as_the_lease_is_taken_over_stays_owed_to_t
 
 async def _is_set(event: asyncio.Event) -> bool:
     return event.is_set()
+
+
+class _ChecksThenStalls:
+    """A status writer paused between its lease check and its request: the first request
+    waits until `resume` is set, then goes out whatever the lease says (no forge has
+    conditional writes)."""
+
+    def __init__(self, inner: GitHubClient) -> None:
+        self.inner = inner
+        self.stalled = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    async def publish_status(self, update: StatusUpdate) -> Any:
+        if not self.stalled.is_set():
+            self.stalled.set()
+            await self.resume.wait()
+            with guarded_writes(always_held):  # its check before the request passed already
+                return await self.inner.publish_status(update)
+        return await self.inner.publish_status(update)
+
+
+async def test_a_stale_status_landing_after_the_final_one_is_written_over(
+    store: QueueStore, emulator: ForgeEmulator, session: aiohttp.ClientSession, clock: VirtualClock
+) -> None:
+    """A paused publisher's "pending" reaches the forge after the new leader wrote the job's
+    final status: the stale process notes it, and the leader writes the final status again, so
+    the head does not stay shown as waiting for a review that is done."""
+    pull = emulator.state.add_pull("github", REPO, 24, files=FILES)
+    job = await queue_job(store, clock, pull, 40)
+    stalling = _ChecksThenStalls(token_client(emulator, session, clock))
+    stale = publisher(store, {"github": stalling}, clock)
+    fresh = publisher(store, {"github": token_client(emulator, session, clock)}, clock)
+    paused = asyncio.create_task(stale.publish_once(clock.now()))
+    await wait_until(lambda: _is_set(stalling.stalled), timeout_s=10, what="the stale check")
+    clock.advance(stale.settings.lease_s + 1)
+    await run_job(store, clock, {"counts": {}, "url": "https://example.test/r"})
+    assert (await fresh.publish_once(clock.now())).written == 1
+
+    def states() -> list[str]:
+        head = pull.newest.head_sha
+        return [item["state"] for item in emulator.state.commit_statuses if item["sha"] == head]
+
+    assert states() == ["success"]
+    stalling.resume.set()
+    assert (await paused).written == 1  # the forge took it; its record is fenced
+    assert states() == ["success", "pending"]
+    async with store.engine.connect() as conn:
+        owed = (await conn.execute(text("SELECT job_id FROM status_outbox"))).scalars().all()
+    assert owed == [job]
+    assert (await fresh.publish_once(clock.now())).written == 1
+    assert states() == ["success", "pending", "success"]
+    async with store.engine.connect() as conn:
+        owed = (await conn.execute(text("SELECT job_id FROM status_outbox"))).scalars().all()
+        rows = (await conn.execute(text("SELECT job_id, state FROM status_reports"))).all()
+    assert owed == [] and [tuple(row) for row in rows] == [(job, "completed")]
 
 
 async def test_an_eta_that_keeps_running_long_learns_from_its_misses(

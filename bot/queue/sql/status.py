@@ -134,6 +134,26 @@ RECORD_REPORT = statement(
     """
 )
 
+# A status written by a publisher whose lease was taken over reached the forge anyway (it was on
+# the wire: a forge has no conditional writes). What the forge shows now is noted (its check run
+# too, if the write made a new one), and an ended job owes its final status again, so the
+# leader writes it over. Unfenced on purpose: it only ever asks for one more write.
+NOTE_STALE_WRITE = statement(
+    """
+    WITH noted AS (
+        UPDATE status_reports
+        SET state = :state, conclusion = :conclusion, published_at = :now,
+            external_id = COALESCE(:external_id, external_id)
+        WHERE job_id = :job_id
+        RETURNING job_id
+    )
+    INSERT INTO status_outbox (job_id)
+    SELECT j.id FROM review_jobs j
+    WHERE j.id = :job_id AND j.state IN ('done', 'failed', 'dead', 'superseded', 'cancelled')
+    ON CONFLICT (job_id) DO NOTHING
+    """
+)
+
 # One publisher at a time across processes: a lease (process_leases) taken or renewed at each
 # pass. Its holder keeps its attempt; a takeover after it ran out is a new attempt, which
 # fences every write of the one before. No connection is held during a pass.
