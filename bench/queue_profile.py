@@ -276,13 +276,20 @@ async def bound_statement(
         if statement == sql:
             raise _Bound(statement, params)
 
+    def intercept_driver(statement: str, params: Sequence[Any]) -> None:
+        intercept(None, None, statement, params)
+
+    # The hottest statements run on the driver itself (Connector.run_on_driver), the rest
+    # through SQLAlchemy: either way the statement is stopped before it is sent.
     event.listen(store.engine.sync_engine, "before_cursor_execute", intercept)
+    store.connector.driver_observers.append(intercept_driver)
     try:
         await call()
     except _Bound as bound:
         return bound.sql, bound.params
     finally:
         event.remove(store.engine.sync_engine, "before_cursor_execute", intercept)
+        store.connector.driver_observers.remove(intercept_driver)
     raise AssertionError(f"the store did not send {clause.text.split()[:4]}")
 
 

@@ -9,7 +9,7 @@ connector only runs it, and translates driver errors into the store's own at thi
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -99,6 +99,10 @@ class Connector:
         self.wakeups = Wakeups(self._send_wakeups)
         self._wake_connection: Any = None
         self._driver_sql: dict[int, tuple[str, tuple[str, ...]]] = {}
+        # Called with the SQL and arguments of each statement run on the driver, before it is
+        # sent (SQLAlchemy's before_cursor_execute does not see them): a profile reads there
+        # what the store sends.
+        self.driver_observers: list[Callable[[str, Sequence[Any]], None]] = []
 
     async def close(self) -> None:
         await self.wakeups.drain()
@@ -136,6 +140,8 @@ class Connector:
 
         sql, names = self._compiled_for_driver(statement)
         args = [params[name] for name in names]
+        for observe in self.driver_observers:
+            observe(sql, args)
         with database_errors():
             async with self._autocommit.connect() as conn:
                 driver = (await conn.get_raw_connection()).driver_connection
