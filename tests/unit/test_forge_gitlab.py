@@ -19,6 +19,7 @@ from bot.forges.base import (
     render_marker,
 )
 from bot.forges.gitlab import GitLabClient, permission_from_access_level
+from bot.forges.quiet import GitLabQuiet
 from bot.model import FileChange
 
 pytestmark = pytest.mark.emulator(github_tokens=set(), gitlab_tokens={"glpat-test"})
@@ -315,3 +316,63 @@ async def test_a_first_attempt_holding_its_claim_reads_no_notes_after_a_finding(
         await client.post_review(REPO, 23, one_finding(files, first_attempt=True))
     listed = [item for item in emulator.state.requests if item.path.endswith("/notes")]
     assert [item.method for item in listed] == ["POST"]
+
+
+# -- the same through quiet reviews (one discussion per finding, by bot.forges.quiet) ---------
+
+
+async def test_a_stale_quiet_finding_landing_second_is_taken_back(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=10, files=1, seed=14)
+    emulator.state.add_pull("gitlab", REPO, 24, files=files)
+    quiet = GitLabQuiet(make_client(emulator, clock))
+    # The attempt that took the job over posted the finding first.
+    kept = await quiet.post_findings(REPO, 24, one_finding(files, first_attempt=False))
+    # The paused first attempt resumes and sends the finding it had checked its claim for.
+    with guarded_writes(claim_lost_once_written(emulator, 24, 2)), pytest.raises(LeaseLost):
+        await quiet.post_findings(REPO, 24, one_finding(files, first_attempt=True))
+    pull = emulator.state.pulls[("gitlab", REPO, 24)]
+    assert [item["id"] for item in pull.discussions] == [kept.refs[0]]
+    assert len(diff_notes(emulator, 24)) == 1
+
+
+async def test_a_quiet_takeover_landing_after_a_stale_finding_keeps_the_stale_one(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=10, files=1, seed=15)
+    emulator.state.add_pull("gitlab", REPO, 25, files=files)
+    quiet = GitLabQuiet(make_client(emulator, clock))
+    stale = GitLabQuiet(make_client(emulator, clock))
+    landed: list[str] = []
+
+    async def stale_lands_in_between() -> bool:
+        # The takeover listed the discussions and found none; the stale request lands now.
+        looked = any(
+            item.method == "GET" and item.path.endswith("/discussions")
+            for item in emulator.state.requests
+        )
+        if looked and not landed:
+            with guarded_writes(always_held):
+                posted = await stale.post_findings(REPO, 25, one_finding(files, first_attempt=True))
+            landed.append(posted.refs[0] or "")
+        return True
+
+    with guarded_writes(stale_lands_in_between):
+        posted = await quiet.post_findings(REPO, 25, one_finding(files, first_attempt=False))
+    pull = emulator.state.pulls[("gitlab", REPO, 25)]
+    # The finding is held by the stale attempt's discussion, and the store keeps that as its ref.
+    assert [item["id"] for item in pull.discussions] == landed == [posted.refs[0]]
+    assert len(emulator.state.posted(kind="note_delete", number=25)) == 1
+
+
+async def test_a_quiet_finding_whose_answer_was_lost_is_not_posted_again(
+    emulator: ForgeEmulator, clock: VirtualClock
+) -> None:
+    files = generate_file_changes(changed_lines=10, files=1, seed=16)
+    emulator.state.add_pull("gitlab", REPO, 26, files=files)
+    emulator.state.add_fault("gitlab.discussions.create", Fault.lost_response(), times=1)
+    quiet = GitLabQuiet(make_client(emulator, clock, retry=RetryPolicy(attempts=3)))
+    posted = await quiet.post_findings(REPO, 26, one_finding(files, first_attempt=True))
+    pull = emulator.state.pulls[("gitlab", REPO, 26)]
+    assert [item["id"] for item in pull.discussions] == [posted.refs[0]]
