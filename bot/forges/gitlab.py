@@ -499,10 +499,9 @@ class GitLabClient:
                 old_path=old_paths.get(comment.path),
             )
             try:
-                created = await self._create_discussion(
-                    repo, number, body, position, file_path=comment.path
+                await self.open_discussion_once(
+                    repo, number, body, position, file_path=comment.path, review=review
                 )
-                await self._one_discussion(repo, number, body, comment.path, created, review=review)
                 posted += 1
             except ForgeError as exc:
                 if exc.status != 400:
@@ -566,20 +565,84 @@ class GitLabClient:
             review.head_sha or str(newest["head_commit_sha"]),
         )
 
+    async def list_discussions(self, repo: str, number: int) -> list[dict[str, Any]]:
+        """Every discussion of the MR, with its notes."""
+        path = f"/projects/{self._project(repo)}/merge_requests/{number}/discussions"
+
+        def read(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
+            return cast(
+                list[dict[str, Any]],
+                gl.http_list(path, get_all=True, per_page=100, obey_rate_limit=False),
+            )
+
+        return await self._call("list_discussions", read)
+
+    async def open_discussion_once(
+        self,
+        repo: str,
+        number: int,
+        body: str,
+        position: dict[str, Any],
+        *,
+        file_path: str,
+        review: ReviewToPost,
+    ) -> str:
+        """Open an inline discussion of a review's finding, once; the id of the discussion that
+        holds it (plain reviews and quiet reviews' findings alike).
+
+        A forge has no conditional writes: a process paused between its claim's last check and
+        its request sends the request when it resumes, after another attempt took the job over
+        and wrote the same finding. So each writer looks once its note is created (a taking-over
+        attempt always, a first attempt only when its claim is gone), and the later of the two
+        deletes its own note, whichever order they land in, keeping the oldest (as
+        bot.review.quiet_post.one_summary does for the summary). A stale writer then stops
+        (LeaseLost).
+        """
+        discussion_id, note_id = await self._create_discussion(
+            repo, number, body, position, file_path=file_path
+        )
+        stale = not await write_guard_holds()
+        if not stale and review.first_attempt:
+            return discussion_id
+        with guarded_writes(always_held):  # taking back its own note is safe, even when stale
+            older = [
+                found
+                for found in await self._same_discussions(repo, number, body, file_path)
+                if found[1] < note_id
+            ]
+            if older:
+                await self.delete_note(repo, number, note_id, write=WriteValue.REVIEW)
+                logger.warning(
+                    "job %s: finding on %s written twice; kept discussion %s",
+                    review.job_id,
+                    file_path,
+                    older[0][0],
+                    extra={"action": "discussion_doubled", "job_id": review.job_id},
+                )
+        if stale:
+            raise LeaseLost(
+                f"job {review.job_id}: the posting claim was taken over as a finding was written"
+            )
+        return older[0][0] if older else discussion_id
+
     async def _create_discussion(
         self, repo: str, number: int, body: str, position: dict[str, Any], *, file_path: str
-    ) -> int:
-        """Open an inline discussion; the id of its note."""
+    ) -> tuple[str, int]:
+        """Open an inline discussion; its id and its note's."""
         project = self._project(repo)
         path = f"/projects/{project}/merge_requests/{number}/discussions"
 
-        def create(gl: gitlab.Gitlab) -> int:
-            answer = gl.http_post(
-                path, post_data={"body": body, "position": position}, obey_rate_limit=False
+        def create(gl: gitlab.Gitlab) -> tuple[str, int]:
+            answer = cast(
+                dict[str, Any],
+                gl.http_post(
+                    path, post_data={"body": body, "position": position}, obey_rate_limit=False
+                ),
             )
-            return int(cast(dict[str, Any], answer)["notes"][0]["id"])
+            return str(answer["id"]), int(answer["notes"][0]["id"])
 
-        async def recheck() -> int | None:
+        async def recheck() -> tuple[str, int] | None:
+            # A create whose answer was lost may have been stored: look before posting again.
             found = await self._same_discussions(repo, number, body, file_path)
             return found[0] if found else None
 
@@ -588,58 +651,19 @@ class GitLabClient:
         )
 
     async def _same_discussions(
-        self, repo: str, number: int, body: str, file_path: str | None
-    ) -> list[int]:
-        """The note ids of the MR's inline notes with this body on this file, oldest first."""
+        self, repo: str, number: int, body: str, file_path: str
+    ) -> list[tuple[str, int]]:
+        """(discussion id, first note id) of the MR's discussions opened with this body on this
+        file, oldest first."""
         return sorted(
-            int(note["id"])
-            for note in await self._list_notes(repo, number)
-            if note.get("type") == "DiffNote"
-            and (str(note.get("body") or ""), _note_path(note)) == (body, file_path)
+            (
+                (str(discussion["id"]), int(first["id"]))
+                for discussion in await self.list_discussions(repo, number)
+                for first in (discussion.get("notes") or [])[:1]
+                if (str(first.get("body") or ""), _note_path(first)) == (body, file_path)
+            ),
+            key=lambda found: found[1],
         )
-
-    async def _one_discussion(
-        self,
-        repo: str,
-        number: int,
-        body: str,
-        file_path: str | None,
-        created: int,
-        *,
-        review: ReviewToPost,
-    ) -> None:
-        """After opening an inline discussion: if another attempt at the job opened the same
-        one, keep the oldest (as bot.review.quiet_post.one_summary does for the summary).
-
-        A forge has no conditional writes: a process paused between its claim's last check and
-        its request sends the request when it resumes, after another attempt took the job over
-        and wrote the same finding. Each writer looks once its note is created (a taking-over
-        attempt always, a first attempt only when its claim is gone), and the later of the two
-        deletes its own, whichever order they land in. A stale writer then stops (LeaseLost).
-        """
-        stale = not await write_guard_holds()
-        if not stale and review.first_attempt:
-            return
-        with guarded_writes(always_held):  # taking back its own note is safe, even when stale
-            older = [
-                note_id
-                for note_id in await self._same_discussions(repo, number, body, file_path)
-                if note_id < created
-            ]
-            if older:
-                await self.delete_note(repo, number, created, write=WriteValue.REVIEW)
-                logger.warning(
-                    "job %s: inline note %s on %s written twice; kept %s",
-                    review.job_id,
-                    created,
-                    file_path,
-                    older[0],
-                    extra={"action": "discussion_doubled", "job_id": review.job_id},
-                )
-        if stale:
-            raise LeaseLost(
-                f"job {review.job_id}: the posting claim was taken over as a finding was written"
-            )
 
     async def delete_note(self, repo: str, number: int, note_id: int, *, write: WriteValue) -> None:
         """Delete one of the bot's own notes (one written twice); `write`: what it is worth."""

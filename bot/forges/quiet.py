@@ -16,16 +16,13 @@ from urllib.parse import quote
 import gitlab
 
 from bot.budget.decide import WriteValue
-from bot.errors import ForgeError, ForgeNotFound, LeaseLost
+from bot.errors import ForgeError, ForgeNotFound
 from bot.forges.base import (
     SUMMARY_MARKER,
     ForgeClient,
     PullChanges,
     ReviewToPost,
-    always_held,
     append_marker,
-    guarded_writes,
-    write_guard_holds,
 )
 from bot.forges.github import GitHubClient, split_repo
 from bot.forges.gitlab import GitLabClient, build_position, file_change_from_gitlab, gitlab_body
@@ -330,21 +327,10 @@ class GitLabQuiet:
         """Delete a summary note (one written twice)."""
         await self.client.delete_note(repo, number, comment_id, write=WriteValue.SUMMARY_EDIT)
 
-    async def _discussions(self, repo: str, number: int) -> list[dict[str, Any]]:
-        path = f"{self._base(repo, number)}/discussions"
-
-        def read(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
-            return cast(
-                list[dict[str, Any]],
-                gl.http_list(path, get_all=True, per_page=100, obey_rate_limit=False),
-            )
-
-        return await self.client._call("list_discussions", read)
-
     async def post_findings(self, repo: str, number: int, review: ReviewToPost) -> PostedFindings:
         """One discussion per finding on its diff line; what a retry finds posted is kept."""
         existing: dict[tuple[str, str | None], str] = {}
-        found = [] if review.first_attempt else await self._discussions(repo, number)
+        found = [] if review.first_attempt else await self.client.list_discussions(repo, number)
         for discussion in found:
             notes = discussion.get("notes") or []
             if notes:
@@ -354,7 +340,6 @@ class GitLabQuiet:
                 existing[key] = str(discussion["id"])
         base_sha, start_sha, head_sha = await self.client._shas(repo, number, review)
         lines, old_paths = await self.client._positions_for(repo, number, head_sha, review)
-        path = f"{self._base(repo, number)}/discussions"
         refs: dict[int, str | None] = {}
         rejected: list[int] = []
         for index, comment in enumerate(review.comments):
@@ -372,30 +357,9 @@ class GitLabQuiet:
                 old_path=old_paths.get(comment.path),
             )
 
-            def create(
-                gl: gitlab.Gitlab, body: str = body, position: Any = position
-            ) -> tuple[str, int]:
-                answer = cast(
-                    dict[str, Any],
-                    gl.http_post(
-                        path, post_data={"body": body, "position": position}, obey_rate_limit=False
-                    ),
-                )
-                return str(answer["id"]), int(answer["notes"][0]["id"])
-
-            async def recheck(
-                body: str = body, file_path: str = comment.path
-            ) -> tuple[str, int] | None:
-                # A create whose answer was lost may have been stored: look before posting again.
-                same = await self._same_findings(repo, number, body, file_path)
-                return same[0] if same else None
-
             try:
-                created = await self.client._call(
-                    "create_discussion", create, write=WriteValue.REVIEW, recheck=recheck
-                )
-                refs[index] = await self._one_finding(
-                    repo, number, body, comment.path, created, review=review
+                refs[index] = await self.client.open_discussion_once(
+                    repo, number, body, position, file_path=comment.path, review=review
                 )
             except ForgeError as exc:
                 if exc.status != 400:
@@ -410,65 +374,6 @@ class GitLabQuiet:
                 )
                 rejected.append(index)
         return PostedFindings(refs=refs, rejected=tuple(rejected))
-
-    async def _one_finding(
-        self,
-        repo: str,
-        number: int,
-        body: str,
-        file_path: str,
-        created: tuple[str, int],
-        *,
-        review: ReviewToPost,
-    ) -> str:
-        """After opening a finding's discussion: if another attempt at the job opened the same
-        one, keep the oldest; the id of the discussion that holds the finding.
-
-        As `GitLabClient._one_discussion` does for plain reviews: a process paused between its
-        claim's last check and its request sends it after a takeover wrote the same finding.
-        The later of the two deletes its own note (its discussion goes with it); a stale
-        writer then stops (LeaseLost).
-        """
-        discussion_id, note_id = created
-        stale = not await write_guard_holds()
-        if not stale and review.first_attempt:
-            return discussion_id
-        with guarded_writes(always_held):  # taking back its own note is safe, even when stale
-            older = [
-                (found_id, found_note)
-                for found_id, found_note in await self._same_findings(repo, number, body, file_path)
-                if found_note < note_id
-            ]
-            if older:
-                await self.client.delete_note(repo, number, note_id, write=WriteValue.REVIEW)
-                log.warning(
-                    "job %s: finding on %s written twice; kept discussion %s",
-                    review.job_id,
-                    file_path,
-                    older[0][0],
-                    extra={"action": "discussion_doubled", "job_id": review.job_id},
-                )
-        if stale:
-            raise LeaseLost(
-                f"job {review.job_id}: the posting claim was taken over as a finding was written"
-            )
-        return older[0][0] if older else discussion_id
-
-    async def _same_findings(
-        self, repo: str, number: int, body: str, file_path: str
-    ) -> list[tuple[str, int]]:
-        """(discussion id, first note id) of the MR's discussions opened with this body on this
-        file, oldest first."""
-        return sorted(
-            (
-                (str(discussion["id"]), int(first["id"]))
-                for discussion in await self._discussions(repo, number)
-                for first in (discussion.get("notes") or [])[:1]
-                if str(first.get("body") or "") == body
-                and (first.get("position") or {}).get("new_path") == file_path
-            ),
-            key=lambda found: found[1],
-        )
 
     async def resolve_finding(self, repo: str, number: int, ref: str) -> bool:
         """Resolve the bot's own discussion of a finding whose code is gone."""

@@ -306,7 +306,7 @@ async def test_a_takeover_whose_finding_lands_after_a_stale_one_takes_its_own_ba
     assert len(emulator.state.posted(kind="note_delete", number=22)) == 1
 
 
-async def test_a_first_attempt_holding_its_claim_reads_no_notes_after_a_finding(
+async def test_a_first_attempt_holding_its_claim_lists_nothing_after_a_finding(
     emulator: ForgeEmulator, clock: VirtualClock
 ) -> None:
     files = generate_file_changes(changed_lines=10, files=1, seed=13)
@@ -314,8 +314,13 @@ async def test_a_first_attempt_holding_its_claim_reads_no_notes_after_a_finding(
     client = make_client(emulator, clock)
     with guarded_writes(always_held):
         await client.post_review(REPO, 23, one_finding(files, first_attempt=True))
-    listed = [item for item in emulator.state.requests if item.path.endswith("/notes")]
-    assert [item.method for item in listed] == ["POST"]
+    # Its writes only: the discussion, then the review's note; no listing of either.
+    listed = [
+        (item.method, item.path.rsplit("/", 1)[-1])
+        for item in emulator.state.requests
+        if item.path.endswith(("/notes", "/discussions"))
+    ]
+    assert listed == [("POST", "discussions"), ("POST", "notes")]
 
 
 # -- the same through quiet reviews (one discussion per finding, by bot.forges.quiet) ---------
