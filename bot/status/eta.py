@@ -20,6 +20,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from bot.model import LEVELS, Level
 from bot.sched.mlfq import (
@@ -109,9 +110,22 @@ class _Progress:
 
 
 _Queues = dict[Level, list[tuple[float, int, float]]]  # per level, a heap of (rank, job, seconds)
-# A running call: (end, start order, job, level, long call, rank, seconds of the whole call,
-# start); a call running before the dry run began has an unknown rank and start (inf, -inf).
-_Running = list[tuple[float, int, int, Level, bool, float, float, float]]
+
+
+class _Call(NamedTuple):
+    """A running call of the dry run; a heap of them pops the one that ends first."""
+
+    end: float
+    order: int  # when it started, among the dry run's calls (unique: ties end here)
+    job_id: int
+    level: Level
+    long_call: bool
+    rank: float  # inf for a call running before the dry run began (its rank is not known)
+    seconds: float  # the whole call's work
+    start: float  # -inf for a call running before the dry run began
+
+
+_Running = list[_Call]
 
 
 def estimate_queue(
@@ -142,7 +156,7 @@ def estimate_queue(
             end = max(0.0, left) / capacity.speed
             long_call = left > short_s
             running.append(
-                (end, next(order), job.job_id, job.level, long_call, math.inf, left, -math.inf)
+                _Call(end, next(order), job.job_id, job.level, long_call, math.inf, left, -math.inf)
             )
             counts.running[job.level] += 1
             counts.running_long_work += int(long_call)
@@ -155,7 +169,7 @@ def estimate_queue(
         _fill(queues, counts, running, progress, capacity, now, order)
         if _take_back_for_p0(queues, counts, running, capacity, now):
             continue
-        next_done = running[0][0] if running else float("inf")
+        next_done = running[0].end if running else float("inf")
         arriving = stream.next_at()
         if arriving is not None and arriving[0] < next_done:
             now, level = arriving
@@ -169,7 +183,8 @@ def estimate_queue(
                 _start(level, queues, counts, running, progress, capacity, now, order)
                 continue
             break
-        now, _, job_id, level, long_call, *_ = heapq.heappop(running)
+        done = heapq.heappop(running)
+        now, job_id, level, long_call = done.end, done.job_id, done.level, done.long_call
         counts.running[level] -= 1
         counts.running_long_work -= int(long_call)
         if job_id >= 0:
@@ -277,7 +292,7 @@ def _start(
     counts.running[level] += 1
     counts.running_long_work += int(long_call)
     end = now + seconds / capacity.speed
-    heapq.heappush(running, (end, next(order), job_id, level, long_call, rank, seconds, now))
+    heapq.heappush(running, _Call(end, next(order), job_id, level, long_call, rank, seconds, now))
     mine = progress[job_id]
     if mine.start is None:
         mine.start = now
@@ -297,17 +312,18 @@ def _take_back_for_p0(
     free = capacity.slots - len(running)
     if waiting <= free or not capacity.mlfq.preempt:
         return False
-    calls = [
-        RunningCall(
-            chunk_id=entry[1],
-            level=entry[3],
-            elapsed_s=elapsed,
-            expected_s=elapsed + (entry[0] - now) * capacity.speed,
-        )
-        for entry in running
+    calls: list[RunningCall] = []
+    for call in running:
         # A call running before the dry run began is taken as the oldest (taken back last).
-        for elapsed in [_LONG_AGO_S if math.isinf(entry[7]) else (now - entry[7]) * capacity.speed]
-    ]
+        elapsed = _LONG_AGO_S if math.isinf(call.start) else (now - call.start) * capacity.speed
+        calls.append(
+            RunningCall(
+                chunk_id=call.order,
+                level=call.level,
+                elapsed_s=elapsed,
+                expected_s=elapsed + (call.end - now) * capacity.speed,
+            )
+        )
     # Waited 0 s: the dry run plays a call expected to end within the grace as ending then.
     choice = choose_preemption(
         waiting=waiting, free_slots=free, running=calls, waited_s=0.0, settings=capacity.mlfq
@@ -315,17 +331,17 @@ def _take_back_for_p0(
     if not choice.victims:
         return False
     victims = set(choice.victims)
-    for entry in [entry for entry in running if entry[1] in victims]:
-        _, _, job_id, level, long_call, rank, seconds, _ = entry
-        running.remove(entry)
-        counts.running[level] -= 1
-        counts.running_long_work -= int(long_call)
+    for call in [call for call in running if call.order in victims]:
+        running.remove(call)
+        counts.running[call.level] -= 1
+        counts.running_long_work -= int(call.long_call)
+        rank = call.rank
         if math.isinf(rank):  # running before the dry run began: its rank is not known
-            rank = CONTINUATION_RANK_OFFSET + seconds
-        heapq.heappush(queues[level], (rank, job_id, seconds))
-        counts.ready[level] += 1
-        counts.ready_new_work[level] += int(is_new_work(rank))
-        counts.ready_short_work[level] += int(rank <= capacity.mlfq.short_work_s)
+            rank = CONTINUATION_RANK_OFFSET + call.seconds
+        heapq.heappush(queues[call.level], (rank, call.job_id, call.seconds))
+        counts.ready[call.level] += 1
+        counts.ready_new_work[call.level] += int(is_new_work(rank))
+        counts.ready_short_work[call.level] += int(rank <= capacity.mlfq.short_work_s)
     heapq.heapify(running)
     return True
 
