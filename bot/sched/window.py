@@ -127,6 +127,17 @@ def _decide(
 def _back_off(
     state: WindowState, window: int, reason: WindowReason, settings: WindowSettings
 ) -> WindowDecision:
+    before = state.measured_window
+    if before is not None and before < state.window and state.tokens_per_s is not None:
+        # Trouble right after a grow: the grow brought it. Go back to the window before it,
+        # which ran without trouble, and keep its interval as the comparison point; starting
+        # a fresh baseline there would grow again without a comparison (4 -> 8 -> 7 -> 6 ->
+        # 8 -> 10 on the CPU server, whose best is 4).
+        to = _clamp(min(window, before), settings)
+        if to == before:
+            return WindowDecision(
+                replace(state, window=to, slow_start=False, holds=0), reason=reason
+            )
     # The last interval was measured at another operating point: compare afresh from here.
     return WindowDecision(
         WindowState(window=_clamp(window, settings), slow_start=False), reason=reason
@@ -139,13 +150,15 @@ def adapt_window(
     """The next window after one judged interval; never outside [floor, ceiling].
 
     In order: refusals or timeouts cut it by `overload_factor`; vLLM preemptions or requests
-    queued inside the engine take one off; an interval with nothing completed, or with places
-    left empty for want of work, teaches nothing. Otherwise the interval is compared with the
-    last one: after a grow, enough more tokens/s (see `min_elasticity`) grows again and less
-    goes back; slow start stops at the first doubling whose gain is under
-    `slow_start_elasticity` and steps on from that window; after a shrink, too much tokens/s lost by
-    the same measure goes back up; at the same window, tokens/s up by the tolerance grows it
-    and latency per token up without it shrinks it. A KV cache at its high mark never lets the
+    queued inside the engine take one off; any of these right after a grow goes back to the
+    window before it. An interval with nothing completed, or with places left empty for want
+    of work, teaches nothing. Otherwise the interval is compared with the last one (a first
+    interval outside slow start is a baseline that holds): after a grow, enough more tokens/s
+    (see `min_elasticity`) grows again and less goes back; slow start stops at the first
+    doubling whose gain is under `slow_start_elasticity` and steps on from that window; after
+    a shrink, tokens/s lost beyond the same measure and the tolerance goes back up; at the
+    same window, tokens/s up by the tolerance grows it and latency per token up without it
+    shrinks it. A KV cache at its high mark never lets the
     window grow; after `probe_after` quiet intervals in a row it probes a step up or down.
     """
     # A state from before a settings change may lie outside the bounds: start from inside.
@@ -176,7 +189,10 @@ def adapt_window(
     grow_reason: WindowReason = "kv_cache_full" if kv_full else "throughput_up"
     previous = state.measured_window
     if state.tokens_per_s is None or state.latency_per_token_s is None or previous is None:
-        return _decide(measured, grow_to, "kv_cache_full" if kv_full else "baseline", settings)
+        # Slow start doubles from its first interval (the next one is compared with it); a
+        # baseline after a back-off holds, so that every later move is judged.
+        to = grow_to if state.slow_start else window
+        return _decide(measured, to, "kv_cache_full" if kv_full else "baseline", settings)
     ratio = throughput / state.tokens_per_s if state.tokens_per_s > 0 else math.inf
     slower = latency > state.latency_per_token_s * (1 + settings.tolerance)
     if window > previous:
@@ -198,8 +214,12 @@ def adapt_window(
         reason: WindowReason = "latency_up" if slower else "no_gain"
         return _decide(replace(measured, slow_start=False), previous, reason, settings)
     if window < previous:
-        # A smaller window that keeps the tokens/s (by the same elasticity) is the better one.
-        if ratio >= (window / previous) ** settings.min_elasticity or kv_full:
+        # A smaller window that keeps the tokens/s (by the same elasticity, within the noise
+        # tolerance) is the better one: it leaves a P0 room and shortens every call. Without
+        # the tolerance, one interval of four completions a few percent short sent the CPU
+        # server's window from its best (4) back up to 8.
+        kept = (window / previous) ** settings.min_elasticity / (1 + settings.tolerance)
+        if ratio >= kept or kv_full:
             return _decide(measured, window, "hold", settings)
         return _decide(measured, previous, "throughput_down", settings)
     if ratio >= 1 + settings.tolerance:

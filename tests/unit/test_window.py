@@ -166,6 +166,47 @@ def test_vllm_preemptions_and_queued_requests_take_one_place_off() -> None:
     assert adapt_window(measured(20, 100.0, 0.1), queued, SETTINGS).window == 19
 
 
+def test_trouble_right_after_a_grow_goes_back_to_the_window_before_it() -> None:
+    # The CPU server: 4 -> 8 by slow start, and at 8 vLLM queues requests. The grow brought
+    # it: back to 4, judged against 4's interval, not a fresh baseline that grows again.
+    grown = replace(measured(4, 27.0, 0.15), window=8, slow_start=True)
+    for trouble in (
+        interval(25.0, 0.3, engine=EngineLoad(requests_waiting=2)),
+        interval(25.0, 0.3, engine=EngineLoad(new_preemptions=1)),
+        interval(25.0, 0.3, overloads=1),
+    ):
+        decision = adapt_window(grown, trouble, SETTINGS)
+        assert decision.window == 4
+        assert decision.state.measured_window == 4 and decision.state.tokens_per_s == 27.0
+        assert decision.state.slow_start is False
+        # The same tokens/s at 4 holds there.
+        again = adapt_window(decision.state, interval(27.5, 0.15), SETTINGS)
+        assert (again.reason, again.window) == ("hold", 4)
+    # Refusals that cut below the window before the grow start afresh from the cut.
+    deep = adapt_window(
+        replace(measured(10, 50.0, 0.1), window=13), interval(40.0, 0.2, overloads=3), SETTINGS
+    )
+    assert deep.window == 6 and deep.state.tokens_per_s is None
+
+
+def test_a_baseline_after_a_back_off_holds_until_compared() -> None:
+    backed = adapt_window(measured(20, 100.0, 0.1), interval(150.0, 0.05, overloads=2), SETTINGS)
+    assert backed.window == 10 and backed.state.tokens_per_s is None
+    baseline = adapt_window(backed.state, interval(80.0, 0.1), SETTINGS)
+    assert (baseline.reason, baseline.window) == ("baseline", 10)
+    assert baseline.state.measured_window == 10
+
+
+def test_a_shrink_within_the_noise_holds() -> None:
+    # 8 -> 4 kept 85% of the tokens/s: (4/8) ** 0.15 = 0.90 asks for more, but one interval of
+    # four completions moves by more than the tolerance; the smaller window stays.
+    state = replace(measured(8, 25.0, 0.3), window=4)
+    kept = adapt_window(state, interval(21.3, 0.16), SETTINGS)
+    assert (kept.reason, kept.window) == ("hold", 4)
+    lost = adapt_window(state, interval(19.0, 0.19), SETTINGS)
+    assert (lost.reason, lost.window) == ("throughput_down", 8)
+
+
 def test_a_full_kv_cache_stops_growth_but_not_shrinking() -> None:
     full = EngineLoad(kv_cache_usage=0.97, requests_waiting=0, new_preemptions=0)
     grew = adapt_window(measured(20, 100.0, 0.1), interval(150.0, 0.1, engine=full), SETTINGS)
@@ -510,3 +551,18 @@ def test_the_window_converges_within_a_drain_of_40_reviews(
     second_half = windows[len(windows) // 2 :]
     mean_throughput = sum(engine.tokens_per_s(w) for w in second_half) / len(second_half)
     assert mean_throughput >= 0.85 * peak
+
+
+@settings(max_examples=60, deadline=None)
+@given(room=st.integers(5, 7), noise=st.floats(0.0, 0.04), seed=st.integers(0, 10_000))
+def test_an_engine_that_queues_past_its_knee_keeps_the_window_at_the_knee(
+    room: int, noise: float, seed: int
+) -> None:
+    # The CPU server: tokens/s best at 4, and past `room` sequences vLLM queues requests
+    # (its KV cache holds a few long prompts). After slow start's first doubling, a drain of
+    # 40 reviews never runs above one probe step over the best window.
+    config = WindowSettings(floor=1, ceiling=64, initial=4)
+    engine = peaked_engine(4, 0.25, noise, seed)
+    engine.capacity = room
+    windows = drain(engine, config, reviews=40)
+    assert max(windows[2:]) <= 5
