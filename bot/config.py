@@ -161,8 +161,8 @@ class SchedulerSettings(Section):
         ge=1,
     )
     # P0 never waits for a share. P1 holds most reviews and so most of the mean turnaround:
-    # P1:P2:P3 at 6:2:1 instead of 4:2:1 lowers the mean on the mornings of
-    # docs/benchmarks.md without lengthening P2's P95 (bench/results/scheduling.md).
+    # P1:P2:P3 at 6:2:1 instead of 4:2:1 lowered the mean 1-5% on the seven mornings of
+    # bench/results/scheduling.md, and P2's P95 with it; P3's P95 rose (docs/benchmarks.md).
     weights: tuple[int, int, int, int] = knob(
         (8, 6, 2, 1), "REVIEW_BOT_WEIGHTS", "level weights P0..P3", shown="`8,6,2,1`"
     )
