@@ -322,8 +322,11 @@ async def _settled(store: QueueStore, job_ids: list[int]) -> bool:
 
 async def test_a_server_that_refuses_for_load_gets_a_smaller_window(db_url: str) -> None:
     store = QueueStore.from_url(db_url)
-    # It takes two at a time and answers 429 above that; the window starts at eight.
-    busy = CountingServer(0.2, refuse_above=2)
+    # It takes two at a time and answers 429 above that; the window starts at eight. Calls
+    # last long enough that four in flight overlap even on a loaded machine: a window that
+    # sees no refusal holds (it no longer grows from a baseline unjudged), so the refusals
+    # must come at four.
+    busy = CountingServer(0.6, refuse_above=2)
     await busy.start()
     dispatcher = _dispatcher(store, [busy], WindowSettings(floor=1, ceiling=16, initial=8))
     assert dispatcher.engines is not None
