@@ -418,7 +418,6 @@ class RunningCall:
     level: Level
     elapsed_s: float  # since its call started
     expected_s: float  # expected length of the whole call
-    job_id: int | None = None  # the review it belongs to (None: unknown, never shared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,22 +427,6 @@ class PreemptionChoice:
     victims: tuple[int, ...] = ()
     recheck_in_s: float | None = None
     reason: str = ""
-
-
-def _shared_p0_calls(running: Sequence[RunningCall], count: int) -> tuple[int, ...]:
-    """Up to `count` P0 calls of reviews running several, newest first, each review keeping
-    its oldest call."""
-    by_job: dict[int, list[RunningCall]] = {}
-    for call in running:
-        if call.level == Level.P0 and call.job_id is not None:
-            by_job.setdefault(call.job_id, []).append(call)
-    spare = [
-        call
-        for calls in by_job.values()
-        for call in sorted(calls, key=lambda call: (-call.elapsed_s, call.chunk_id))[1:]
-    ]
-    spare.sort(key=lambda call: (call.elapsed_s, call.chunk_id))
-    return tuple(call.chunk_id for call in spare[:count])
 
 
 def choose_preemption(
@@ -459,10 +442,7 @@ def choose_preemption(
     `waiting` counts P0 reviews not started yet, `waited_s` how long the oldest has waited for
     a slot. Within the grace a call expected to end in time is waited for instead; after it,
     or when none is, the most recently started non-P0 calls (the least work lost) give way.
-    A P0 call is taken back only once the grace is over and no lower-level call is left to
-    take, and only from a P0 review running several calls at once, which keeps its oldest:
-    a hotfix whose chunks took every slot otherwise held a second hotfix's start for as long
-    as they ran (12.9 s on a held-out morning, beyond P0's 10 s alert).
+    P0 calls are never taken back.
     """
     need = waiting - max(0, free_slots)
     if not settings.preempt or need <= 0:
@@ -480,12 +460,6 @@ def choose_preemption(
         key=lambda call: (call.elapsed_s, -int(call.level), call.chunk_id),
     )
     victims = tuple(call.chunk_id for call in candidates[:need])
-    if len(victims) < need:
-        shared = _shared_p0_calls(running, need - len(victims))
-        if left_s <= 0:
-            victims += shared
-        elif shared and recheck is None:
-            recheck = left_s  # look again when the grace is over
     reason = (
         f"preempted for a P0 review that waited {max(0.0, waited_s):.1f} s with no free slot"
         if victims

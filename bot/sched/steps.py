@@ -542,7 +542,6 @@ class DispatcherCore:
                 RunningCall(
                     chunk_id=chunk_id,
                     level=chunk.level,
-                    job_id=chunk.job_id,
                     elapsed_s=elapsed,
                     expected_s=expected_chunk_s(
                         chunk_lines=chunk.lines,

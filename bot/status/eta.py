@@ -320,7 +320,6 @@ def _take_back_for_p0(
             RunningCall(
                 chunk_id=call.order,
                 level=call.level,
-                job_id=call.job_id,
                 elapsed_s=elapsed,
                 expected_s=elapsed + (call.end - now) * capacity.speed,
             )

@@ -3,8 +3,6 @@ the store's: tests/system/test_store.py)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -278,38 +276,6 @@ def test_a_call_ending_within_the_grace_is_waited_for_then_no_longer() -> None:
     assert both.victims == (2,) and both.recheck_in_s == pytest.approx(5.0)
 
 
-def test_a_hotfix_whose_chunks_hold_every_slot_gives_one_back_after_the_grace() -> None:
-    # A held-out morning: one P0 review's eight chunks on all eight slots, a second hotfix
-    # waiting. Within the grace it waits; then the first review's newest call gives way, and
-    # the review keeps its oldest.
-    first = [
-        RunningCall(chunk_id=10 + n, level=Level.P0, elapsed_s=30.0 - n, expected_s=20.0, job_id=7)
-        for n in range(8)
-    ]
-    waiting = choose_preemption(
-        waiting=1, free_slots=0, running=first, waited_s=0.0, settings=PREEMPTING
-    )
-    assert waiting.victims == ()
-    assert waiting.recheck_in_s == pytest.approx(5.0)
-    later = [replace(call, expected_s=200.0) for call in first]  # none ends soon: same wait
-    assert choose_preemption(
-        waiting=1, free_slots=0, running=later, waited_s=0.0, settings=PREEMPTING
-    ).recheck_in_s == pytest.approx(5.0)
-    over = choose_preemption(
-        waiting=1, free_slots=0, running=first, waited_s=5.0, settings=PREEMPTING
-    )
-    assert over.victims == (17,)
-    # Lower-level calls go first, and a review running one call keeps it.
-    mixed = [
-        RunningCall(chunk_id=1, level=Level.P0, elapsed_s=1.0, expected_s=90.0, job_id=7),
-        RunningCall(chunk_id=2, level=Level.P0, elapsed_s=2.0, expected_s=90.0, job_id=8),
-        RunningCall(chunk_id=3, level=Level.P2, elapsed_s=50.0, expected_s=90.0, job_id=9),
-    ]
-    assert choose_preemption(
-        waiting=2, free_slots=0, running=mixed, waited_s=9.0, settings=PREEMPTING
-    ).victims == (3,)
-
-
 def test_preemption_can_be_switched_off() -> None:
     off = MlfqSettings(preempt=False)
     choice = choose_preemption(
@@ -327,7 +293,6 @@ calls = st.lists(
         level=st.sampled_from(list(Level)),
         elapsed_s=st.floats(min_value=0, max_value=600),
         expected_s=st.floats(min_value=0, max_value=600),
-        job_id=st.one_of(st.none(), st.integers(min_value=1, max_value=4)),
     ),
     max_size=12,
     unique_by=lambda call: call.chunk_id,
@@ -340,7 +305,7 @@ calls = st.lists(
     st.integers(min_value=0, max_value=3),
     st.floats(min_value=0, max_value=30),
 )
-def test_preemption_takes_no_more_than_needed_and_p0_only_from_a_review_running_several(
+def test_preemption_takes_no_more_than_needed_and_never_p0(
     running: list[RunningCall], waiting: int, free: int, waited: float
 ) -> None:
     choice = choose_preemption(
@@ -349,22 +314,8 @@ def test_preemption_takes_no_more_than_needed_and_p0_only_from_a_review_running_
     by_id = {call.chunk_id: call for call in running}
     assert len(choice.victims) <= max(0, waiting - free)
     assert len(set(choice.victims)) == len(choice.victims)
-    p0_taken = [by_id[victim] for victim in choice.victims if by_id[victim].level == Level.P0]
-    if p0_taken:
-        # only after the grace, only once no lower-level call is left, never a review's last
-        assert waited >= 5.0
-        assert all(call.chunk_id in choice.victims for call in running if call.level != Level.P0)
-        for victim in p0_taken:
-            assert victim.job_id is not None
-            kept = [
-                call
-                for call in running
-                if call.job_id == victim.job_id
-                and call.level == Level.P0
-                and call.chunk_id not in choice.victims
-            ]
-            assert kept
-    taken = [by_id[victim].elapsed_s for victim in choice.victims if by_id[victim].level != 0]
+    assert all(by_id[victim].level != Level.P0 for victim in choice.victims)
+    taken = [by_id[victim].elapsed_s for victim in choice.victims]
     spared = [
         call.elapsed_s
         for call in running
