@@ -425,9 +425,8 @@ class GitLabClient:
             status=404,
         )
 
-    async def _list_notes(self, repo: str, number: int) -> list[dict[str, Any]]:
-        project = self._project(repo)
-        path = f"/projects/{project}/merge_requests/{number}/notes"
+    async def _list_all(self, action: str, path: str) -> list[dict[str, Any]]:
+        """Every page of a listing, 100 items a page."""
 
         def read(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
             return cast(
@@ -435,7 +434,11 @@ class GitLabClient:
                 gl.http_list(path, get_all=True, per_page=100, obey_rate_limit=False),
             )
 
-        return await self._call("list_notes", read)
+        return await self._call(action, read)
+
+    async def _list_notes(self, repo: str, number: int) -> list[dict[str, Any]]:
+        path = f"/projects/{self._project(repo)}/merge_requests/{number}/notes"
+        return await self._list_all("list_notes", path)
 
     async def find_posted_review(self, repo: str, number: int, marker: str) -> PostedReview | None:
         """Return our summary note carrying `marker`, or None; raises ForgeNotFound only when
@@ -568,14 +571,7 @@ class GitLabClient:
     async def list_discussions(self, repo: str, number: int) -> list[dict[str, Any]]:
         """Every discussion of the MR, with its notes."""
         path = f"/projects/{self._project(repo)}/merge_requests/{number}/discussions"
-
-        def read(gl: gitlab.Gitlab) -> list[dict[str, Any]]:
-            return cast(
-                list[dict[str, Any]],
-                gl.http_list(path, get_all=True, per_page=100, obey_rate_limit=False),
-            )
-
-        return await self._call("list_discussions", read)
+        return await self._list_all("list_discussions", path)
 
     async def open_discussion_once(
         self,
