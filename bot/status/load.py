@@ -89,34 +89,27 @@ def _unplanned(calls: LiveCalls, *, estimator: ServiceEstimator) -> JobLoad:
 # How far back the recent stream of each level is read, and how many reviews make one.
 ARRIVALS_WINDOW_S = 900.0
 MIN_ARRIVALS = 3
-# The latest part of the window that alone can raise a level's rate: a burst that is building
-# shows in its last five minutes before it shows in the quarter hour's mean.
-RISING_SHARE = 1.0 / 3.0
 
 
 def arrivals_of(
-    recent: Sequence[tuple[Level, int | None, float]],
+    recent: Sequence[tuple[Level, int | None]],
     *,
     window_s: float = ARRIVALS_WINDOW_S,
     estimator: ServiceEstimator,
 ) -> Arrivals | None:
-    """The stream the last `window_s` brought (each review's level, size and age in seconds),
-    as a dry run plays it on for as long again: per level with at least MIN_ARRIVALS reviews,
-    one of the median size at the window's rate, or at its latest third's when that is higher
-    (the rate rises at once and falls with the window). None when nothing arrives often enough."""
+    """The stream the last `window_s` brought (each review's level and size), as a dry run
+    plays it on for as long again: per level with at least MIN_ARRIVALS reviews, one of the
+    median size every window / count seconds. None when nothing arrives often enough."""
     sizes: dict[Level, list[int]] = {}
-    latest: dict[Level, int] = {}
-    for level, lines, age_s in recent:
+    for level, lines in recent:
         sizes.setdefault(level, []).append(lines if lines else UNKNOWN_SIZE_LINES)
-        if age_s <= window_s * RISING_SHARE:
-            latest[level] = latest.get(level, 0) + 1
     every: dict[Level, float] = {}
     calls: dict[Level, tuple[QueuedCall, ...]] = {}
     for level, found in sizes.items():
         if len(found) < MIN_ARRIVALS:
             continue
         typical = sorted(found)[len(found) // 2]
-        every[level] = window_s / max(len(found), latest.get(level, 0) / RISING_SHARE)
+        every[level] = window_s / len(found)
         unplanned = LiveCalls(
             job_id=0, level=level, started=False, planned=False, total_lines=0,
             request_lines=typical,

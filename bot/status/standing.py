@@ -59,14 +59,7 @@ async def fetch_arrivals(
     """The stream of reviews of the last ARRIVALS_WINDOW_S, as the ETA expects more of it."""
     since = now - timedelta(seconds=ARRIVALS_WINDOW_S)
     rows = await records.recent_arrivals(since=since, now=now)
-    recent = [
-        (
-            Level(row.level),
-            None if row.lines is None else int(row.lines),
-            (now - row.enqueued_at).total_seconds(),
-        )
-        for row in rows
-    ]
+    recent = [(Level(row.level), None if row.lines is None else int(row.lines)) for row in rows]
     return arrivals_of(recent, estimator=estimator)
 
 

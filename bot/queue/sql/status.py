@@ -50,7 +50,7 @@ SELECT_RECENT_WRITES = statement(
 # The reviews that arrived in a recent window: level and size, what the ETA expects more of.
 SELECT_RECENT_ARRIVALS = statement(
     """
-    SELECT level, COALESCE(NULLIF(total_lines, 0), additions + deletions) AS lines, enqueued_at
+    SELECT level, COALESCE(NULLIF(total_lines, 0), additions + deletions) AS lines
     FROM review_jobs
     WHERE enqueued_at > :since AND enqueued_at <= :now
     """
