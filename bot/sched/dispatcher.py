@@ -43,6 +43,10 @@ class Dispatcher(DispatcherCore):
 
     def stop(self) -> None:
         """Stop taking work; running chunks finish or are released (see run)."""
+        if not self._stopping.is_set():
+            # The drain reports what became of the chunks running when the stop was asked
+            # for: the ones that end before the loop reaches the drain ended within the grace.
+            self._running_at_stop = set(self.held)
         self._stopping.set()
         self._wake.set()
 
@@ -213,8 +217,9 @@ class Dispatcher(DispatcherCore):
     async def drain(self, grace_s: float) -> tuple[int, int]:
         """Let running chunks finish for up to `grace_s`, then cancel the rest and hand every
         chunk still held back to the queue (no attempt counted), so other dispatchers take
-        them at once instead of after the lease. Returns (finished, handed back)."""
-        running = len(self.held)
+        them at once instead of after the lease. Returns (finished, handed back): every chunk
+        running since the stop was asked for either finished or was handed back."""
+        running = len(self._running_at_stop | set(self.held))
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
             for task in pending:

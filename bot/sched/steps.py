@@ -153,6 +153,7 @@ class DispatcherCore:
         self.recheck_at: datetime | None = None
         self._p0_waiting_since: datetime | None = None
         self._stopping = asyncio.Event()
+        self._running_at_stop: set[int] = set()  # the chunks held when stop() was called
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         # Live mode: the LLM call of each running chunk, so preemption can cancel it.

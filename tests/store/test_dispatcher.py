@@ -141,6 +141,34 @@ async def test_stop_releases_what_it_holds(db_url: str) -> None:
         await store.close()
 
 
+async def test_a_chunk_that_ends_between_the_stop_and_the_drain_counts_as_ended(
+    db_url: str,
+) -> None:
+    # A SIGTERM can come while a pass of the loop is under way; the calls that end before the
+    # loop reaches its drain ended within the grace, and the drain says so.
+    store = QueueStore.from_url(db_url)
+    dispatcher = _dispatcher(store, "stopped", time_scale=0.0, poll_s=60.0)
+    try:
+        job_id = await _submit(store, 51)
+        await dispatcher.plan_unplanned_jobs(SystemClock().now())
+        leased = await dispatcher.fill_slots(SystemClock().now())
+        assert len(leased) == 3
+        dispatcher.stop()
+        first = leased[0]
+        reviewed = await dispatcher.review(await store.get_job(job_id), first)
+        await dispatcher.finish_chunk(
+            first,
+            gpu_seconds=reviewed.usage.gpu_seconds,
+            result=reviewed.to_result(),
+            now=SystemClock().now(),
+        )
+        assert (await dispatcher.drain(grace_s=0.0)) == (1, 2)
+        states = [chunk.state for chunk in await store.chunk_results(job_id)]
+        assert sorted(states) == [ChunkState.DONE, ChunkState.QUEUED, ChunkState.QUEUED]
+    finally:
+        await store.close()
+
+
 async def _held(dispatcher: Dispatcher, count: int) -> bool:
     return len(dispatcher.held) >= count
 
