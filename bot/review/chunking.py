@@ -10,7 +10,7 @@ from typing import Any
 from bot.diff import HUNK_HEADER, file_lines, parse_hunks, split_lines
 from bot.model import ChunkPlan, FileChange
 
-DEFAULT_LINE_BUDGET = 400
+DEFAULT_LINE_BUDGET = 800
 # A review that needs more than one chunk starts with a chunk of at most this many lines: its
 # wait ends when the first call starts, so under a burst it starts after a short call and goes
 # on in full-size chunks, at the price of one more call overhead.

@@ -20,6 +20,7 @@ from bot.llm.simulated import SimulatedBackend
 from bot.model import JobState, Level, PolicyDecision
 from bot.pipeline import build_pipeline
 from bot.queue.store import QueueStore
+from bot.review.chunking import DEFAULT_LINE_BUDGET
 from bot.review.planned_diffs import PlannedDiffs
 from bot.review.planner import PlanningSettings
 from bot.review.prompt_context import BEGIN_CONTEXT, BEGIN_PULL_REQUEST
@@ -192,12 +193,14 @@ async def test_the_prompt_shows_the_enclosing_function_and_the_pull_request(
 async def test_one_review_reads_each_file_once_even_across_chunks(
     store: QueueStore, db_url: str, emulator: ForgeEmulator, forges: ForgeRegistry, forge: str
 ) -> None:
-    # One long file, 505 changed lines in five hunks far apart: over the 400-line budget, so
-    # a first chunk of 100 lines and the rest in parts of the same file.
+    # One long file, 1,010 changed lines in ten hunks far apart: over the line budget, so a
+    # first chunk of 100 lines and the rest in parts of the same file.
     body = '    """One of many."""\n    a = 1\n    b = 2\n    c = 3\n    d = 4\n'
     base = "".join(f"def f{n}():\n{body}    return {n}\n\n" for n in range(400))
     head = base
-    for n in (10, 90, 170, 250, 330):
+    changed = range(10, 400, 40)
+    assert 100 * len(changed) > DEFAULT_LINE_BUDGET
+    for n in changed:
         head = head.replace(f"    return {n}\n", f"    return {n} + 1\n" * 100)
     pull = open_pull_from_trees(
         emulator.state,
@@ -213,7 +216,7 @@ async def test_one_review_reads_each_file_once_even_across_chunks(
     assert len(prompts) >= 2, "the file was reviewed in more than one chunk"
     for prompt in prompts:
         context = prompt[prompt.index(BEGIN_CONTEXT) : prompt.index("BEGIN UNTRUSTED DIFF")]
-        assert any(f"def f{n}():" in context for n in (10, 90, 170, 250, 330))
+        assert any(f"def f{n}():" in context for n in changed)
     # Every file in one GraphQL request, none through the per-file API.
     assert emulator.state.count_requests(f"{forge}.graphql") == 1
     assert emulator.state.count_requests(FILE_ROUTE[forge]) == 0

@@ -37,6 +37,7 @@ from bot.model import ChunkState, JobState
 from bot.pipeline import build_pipeline
 from bot.policy import load_policy_book
 from bot.queue.store import QueueStore
+from bot.review.chunking import DEFAULT_LINE_BUDGET
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
 from tests.support.pipeline_helpers import SMELLY, forge_settings
@@ -233,7 +234,11 @@ async def bot(store: QueueStore, db_url: str, emulator: ForgeEmulator) -> AsyncI
 async def test_webhooks_on_both_forges_end_in_one_posted_review_each(
     bot: Bot, emulator: ForgeEmulator, store: QueueStore
 ) -> None:
-    files = [*generate_file_changes(changed_lines=500, files=4, seed=21), SMELLY]
+    # Over one chunk's line budget: the review takes several calls.
+    files = [
+        *generate_file_changes(changed_lines=DEFAULT_LINE_BUDGET + 100, files=4, seed=21),
+        SMELLY,
+    ]
     github = emulator.state.add_pull("github", "acme/shop", 31, files=files)
     gitlab = emulator.state.add_pull("gitlab", "acme/platform/api", 32, files=files)
     await bot.start()

@@ -13,6 +13,7 @@ from bot.forges.registry import ForgeRegistry
 from bot.model import JobState, Level
 from bot.policy import SIZE_PENDING_REASON, PolicyBook, evaluate, load_policy_book
 from bot.queue.store import QueueStore
+from bot.review.chunking import DEFAULT_LINE_BUDGET
 from bot.review.planner import PlanningSettings, claim_and_plan_jobs
 from bot.sched.mlfq import CONTINUATION_RANK_OFFSET
 from tests.support.pipeline_helpers import (
@@ -80,7 +81,10 @@ async def test_ranks_put_first_chunks_ahead_of_continuations(
     db_url: str,
 ) -> None:
     big = emulator.state.add_pull(
-        "github", "acme/shop", 1, files=generate_file_changes(changed_lines=1500, files=8, seed=1)
+        "github",
+        "acme/shop",
+        1,
+        files=generate_file_changes(changed_lines=3 * DEFAULT_LINE_BUDGET, files=8, seed=1),
     )
     small = emulator.state.add_pull(
         "github", "acme/shop", 2, files=generate_file_changes(changed_lines=30, files=1, seed=2)

@@ -14,6 +14,7 @@ import pytest
 from bot.clock import EPOCH
 from bot.model import Chunk, Job, JobState, Level
 from bot.queue.store import QueueStore
+from bot.review.planner import PlanningSettings
 from bot.sched.mlfq import MlfqSettings
 from bot.sim.metrics import RequestOutcome
 from bot.sim.replay import replay_trace
@@ -84,8 +85,13 @@ async def test_a_long_reviews_continuations_run_in_order_and_finish_as_one_unit(
         _request(1, 0.0, [340] * 5, 80.0),
         _request(2, 0.5, [320] * 4, 60.0),
     )
+    # 400-line chunks: four or more per review, at sizes the policy still calls ordinary.
     result = await replay_trace(
-        trace, policy="mlfq", database_url=db_url, mlfq=MlfqSettings(preempt=False)
+        trace,
+        policy="mlfq",
+        database_url=db_url,
+        mlfq=MlfqSettings(preempt=False),
+        planning=PlanningSettings(line_budget=400),
     )
     assert result["completed"] == result["posted"] == 2
     jobs = {number: await _job(inspect, number) for number in (1, 2)}
