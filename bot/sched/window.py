@@ -34,6 +34,10 @@ WindowReason = Literal[
 ]
 
 
+# Judged intervals in a row at one window, each slower than the comparison point, that shrink it.
+SLOW_INTERVALS_TO_SHRINK = 2
+
+
 @dataclass(frozen=True, slots=True)
 class WindowObservation:
     """One engine over one interval: what completed, how long it took, what went wrong."""
@@ -70,6 +74,8 @@ class WindowState:
     # `growth` of itself.
     slow_start: bool = True
     holds: int = 0  # judged intervals in a row that moved nothing (a probe follows)
+    # Intervals in a row slower than the comparison point at the same window (see adapt_window).
+    slow_intervals: int = 0
     probe_up: bool = False  # the last probe went up (the next one goes down)
 
 
@@ -157,8 +163,8 @@ def adapt_window(
     (see `min_elasticity`) grows again and less goes back; slow start stops at the first
     doubling whose gain is under `slow_start_elasticity` and steps on from that window; after
     a shrink, tokens/s lost beyond the same measure and the tolerance goes back up; at the
-    same window, tokens/s up by the tolerance grows it and latency per token up without it
-    shrinks it. A KV cache at its high mark never lets the
+    same window, tokens/s up by the tolerance grows it and latency per token up without it,
+    two judged intervals in a row, shrinks it. A KV cache at its high mark never lets the
     window grow; after `probe_after` quiet intervals in a row it probes a step up or down.
     """
     # A state from before a settings change may lie outside the bounds: start from inside.
@@ -179,7 +185,11 @@ def adapt_window(
     throughput = observation.tokens_per_s
     latency = observation.latency_per_token_s
     measured = replace(
-        state, tokens_per_s=throughput, latency_per_token_s=latency, measured_window=window
+        state,
+        tokens_per_s=throughput,
+        latency_per_token_s=latency,
+        measured_window=window,
+        slow_intervals=0,
     )
     step = growth_step(state, settings)
     grow_to = window if kv_full else window + step
@@ -225,6 +235,14 @@ def adapt_window(
     if ratio >= 1 + settings.tolerance:
         return _decide(measured, grow_to, grow_reason, settings)
     if slower:
+        if state.slow_intervals + 1 < SLOW_INTERVALS_TO_SHRINK:
+            # One slow interval at an unchanged window is as often the work as the engine (a
+            # few long prompts in four completions): hold, still compared with the interval
+            # before it. A shrink it set off would be kept by the noise tolerance, and such
+            # shrinks, one after another, walked the CPU server's window from 4 to 2 at 0.9x
+            # its tokens/s.
+            waiting = replace(state, slow_intervals=state.slow_intervals + 1)
+            return _decide(waiting, window, "hold", settings)
         shrink_to = window - max(1, math.ceil(window * settings.growth))
         return _decide(replace(measured, slow_start=False), shrink_to, "latency_up", settings)
     if state.holds + 1 >= settings.probe_after:
