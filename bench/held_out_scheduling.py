@@ -53,6 +53,25 @@ HELD_OUT: dict[str, tuple[str, Callable[[], Trace]]] = {
         ),
     ),
     "two-peaks-777": ("two mornings of 500 in one day (seeds 777 and 778)", lambda: two_peaks(777)),
+    # Added after the chunk budget went to 800 lines, picked before their first replay.
+    "cost-spread-6161": (
+        "morning, per_line_sigma=0.5, noise_sigma=0.35 (costs less predictable from lines)",
+        lambda: generate_trace(
+            shape_for("morning", ("per_line_sigma=0.5", "noise_sigma=0.35")), seed=6161
+        ),
+    ),
+    "wide-peak-1200": (
+        "morning, requests=1200, peak_width_s=1800",
+        lambda: generate_trace(
+            shape_for("morning", ("requests=1200", "peak_width_s=1800")), seed=1200
+        ),
+    ),
+    "big-files-3131": (
+        "heavy-tail, file_lines_median=60, large_max_files=300",
+        lambda: generate_trace(
+            shape_for("heavy-tail", ("file_lines_median=60", "large_max_files=300")), seed=3131
+        ),
+    ),
 }
 
 
