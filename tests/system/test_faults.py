@@ -165,6 +165,21 @@ async def _serving(
                 return True
 
             await wait_until(listening, timeout_s=60, what=f"bot serve --role {item.role}")
+            if item.role == "dispatcher":
+                # Listening comes before the dispatcher loop: on a loaded machine a dispatcher
+                # that was late to its first pass saw a whole burst taken by the other one.
+                # Its presence row is written as its loop starts.
+                async def serving(item: Served = item) -> bool:
+                    assert item.process.returncode is None, item.log.read_text()[-3000:]
+                    rows = await _fetch(
+                        env["DATABASE_URL"],
+                        "SELECT count(*) AS n FROM dispatchers"
+                        " WHERE name = $1 AND stopped_at IS NULL",
+                        item.owner,
+                    )
+                    return int(rows[0]["n"]) == 1
+
+                await wait_until(serving, timeout_s=60, what=f"dispatcher {item.owner} serving")
         yield served
     finally:
         for item in served:
