@@ -67,7 +67,9 @@ async def _waiting_advisory_locks(connection: asyncpg.Connection) -> int:
     return int(
         await connection.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-            "AND ((classid::bigint << 32) | objid::bigint) = $1",
+            "AND ((classid::bigint << 32) | objid::bigint) = $1"
+            # pg_locks is the whole server's: other tests' databases migrate beside this one.
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             MIGRATION_LOCK_KEY,
         )
     )
