@@ -53,7 +53,8 @@ HELD_OUT: dict[str, tuple[str, Callable[[], Trace]]] = {
         ),
     ),
     "two-peaks-777": ("two mornings of 500 in one day (seeds 777 and 778)", lambda: two_peaks(777)),
-    # Added after the chunk budget went to 800 lines, picked before their first replay.
+    # Added to check the 800-line chunk trial (docs/benchmarks.md), picked before their first
+    # replay.
     "cost-spread-6161": (
         "morning, per_line_sigma=0.5, noise_sigma=0.35 (costs less predictable from lines)",
         lambda: generate_trace(

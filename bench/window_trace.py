@@ -59,8 +59,8 @@ def trace(
     return steps
 
 
-# The CPU server's raw sweep in bench/results/engine.md: completion tokens/s at 1, 2, 4, 8 and 16
-# requests at once.
+# A CPU server's raw sweep, flat from 4 to 8 (`make bench-engine` at b99e18c, a slower server
+# than today's bench/results/engine.md): completion tokens/s at 1, 2, 4, 8 and 16 at once.
 CPU_SWEEP = {1: 5.3, 2: 7.6, 4: 8.4, 8: 8.5, 16: 5.9}
 
 
@@ -127,10 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines.append(f"| {best} | {shown} | " + " → ".join(f"{w} ({r})" for w, r in steps) + " |")
     lines += [
         "",
-        "On an engine shaped like the CPU server's raw sweep (bench/results/engine.md: 5.3, 7.6,",
-        "8.4, 8.5 and 5.9 tokens/s at 1, 2, 4, 8 and 16; requests queued past 7), a drain of 41",
-        "chunks whose intervals are each off by up to the noise shown (tokens/s and latency,",
-        "independently), 400 seeds: the drain's tokens/s over the sweep's best.",
+        "On an engine shaped like a CPU server's raw sweep (`make bench-engine` at b99e18c: 5.3,",
+        "7.6, 8.4, 8.5 and 5.9 tokens/s at 1, 2, 4, 8 and 16; requests queued past 7), a drain",
+        "of 41 chunks whose intervals are each off by up to the noise shown (tokens/s and",
+        "latency, independently), 400 seeds: the drain's tokens/s over the sweep's best.",
         "",
         "| noise | median | P10 | P90 |",
         "|---:|---:|---:|---:|",
