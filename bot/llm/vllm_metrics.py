@@ -56,8 +56,10 @@ TOKENS_PER_LINE_NUMBER = 4
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """What vLLM's /metrics said at the end of an interval; None where it says nothing."""
+    """What vLLM's /metrics said over an interval; None where it says nothing."""
 
+    # Queued inside the engine: at the interval's end, or the least over its reads where the
+    # dispatcher read it at every call's end (see bot.sched.engines.Engine.saw_queue).
     requests_waiting: float | None = None
     kv_cache_usage: float | None = None  # 0..1
     new_preemptions: float | None = None  # preemptions since the previous interval

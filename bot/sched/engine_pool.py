@@ -2,14 +2,15 @@
 
 Thin I/O around bot.sched.engines and bot.sched.window: what runs on each engine is read from
 the database (every process's leases name their engine), a call's start and end are booked on
-its engine, and when an engine's interval is due its vLLM /metrics is read (where a probe is
-given) and its window moves.
+its engine, every call's end reads its vLLM /metrics (where a probe is given), and when an
+engine's interval is due its window moves.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from bot.config import WindowSettings
@@ -226,14 +227,18 @@ class EnginePool:
 
     async def _judge(self, engine: Engine, now: datetime) -> WindowDecision | None:
         now_s = now.timestamp()
+        # Every call's end reads the engine's queue, so that the interval is judged by the
+        # queue it held throughout, not by one read that met a request on its way in.
+        scraped = await self.probe(engine.name) if self.probe is not None else None
+        if scraped is not None:
+            engine.saw_queue(scraped.requests_waiting)
         if not engine.due(now_s):
             self._show(engine)
             return None
-        scraped = await self.probe(engine.name) if self.probe is not None else None
         load = None
         if scraped is not None:
             previous = self._scraped.get(engine.name)
-            load = engine_load(previous, scraped)
+            load = replace(engine_load(previous, scraped), requests_waiting=engine.interval_waiting)
             rate = prefix_cache_hit_rate(previous, scraped)
             if rate is not None:
                 engine.prefix_cache_hit_rate = rate

@@ -60,6 +60,11 @@ class Engine:
     interval_latency_s: float = 0.0
     interval_overloads: int = 0
     interval_full_s: float = 0.0
+    # The fewest requests vLLM said it held queued at any read of its /metrics in the interval
+    # (None: not read). vLLM queues each new request until its next step admits it, so one read
+    # often finds a request or two waiting on an engine with room to spare; a queue seen at
+    # every read is the engine's own limit.
+    interval_waiting: float | None = None
     # Totals (for /metrics and the reports).
     completed: int = 0
     failed: int = 0
@@ -172,6 +177,14 @@ class Engine:
             engine=load,
         )
 
+    def saw_queue(self, waiting: float | None) -> None:
+        """Fold one read of the engine's queue into the interval's least."""
+        if waiting is None:
+            return
+        self.interval_waiting = (
+            waiting if self.interval_waiting is None else min(self.interval_waiting, waiting)
+        )
+
     def due(self, now_s: float) -> bool:
         """Whether the interval holds enough to judge (or trouble to react to at once)."""
         if self.interval_overloads > 0:
@@ -194,6 +207,7 @@ class Engine:
         self.interval_start_s = now_s
         self.interval_completed = self.interval_tokens = self.interval_overloads = 0
         self.interval_latency_s = self.interval_full_s = 0.0
+        self.interval_waiting = None
         return decision
 
     @property

@@ -330,6 +330,18 @@ async def test_the_routers_queue_is_read_and_shrinks_its_window(
             later = now + timedelta(seconds=1 + chunk_id)
             await quick.finished(chunk_id, later, prompt_tokens=300, completion_tokens=30)
         assert judged.window < 4 and judged.last_reason == "server_queue"
+        # A queue met by one read only (a request on its way into the engine's next step) is
+        # not the engine's limit: the interval is judged by the least of its reads.
+        passing = EnginePool.build([router.url], window, now=now, probe=probe)
+        (held,) = passing.engines
+        for chunk_id in range(4):
+            passing.take(held, chunk_id, now)
+        for chunk_id in range(4):
+            router.waiting = [2, 1] if chunk_id != 1 else [0, 0]
+            later = now + timedelta(seconds=1 + chunk_id)
+            passing.take(held, 4 + chunk_id, later)  # the window stays full
+            await passing.finished(chunk_id, later, prompt_tokens=300, completion_tokens=30)
+        assert held.last_reason == "baseline" and held.window == 8  # slow start's first interval
     finally:
         await backend.close()
         await router.stop()
