@@ -48,7 +48,7 @@ from bot.components import dispatcher_settings
 from bot.demo import ScaledClock, demo_settings, replay
 from bot.emulator import EmulatorState, ForgeEmulator
 from bot.emulator.limits import CONTENT_METHODS, NOT_CONTENT_ROUTES
-from bot.engine_setup import ServedBudget, served_line_budget
+from bot.engine_setup import served_budget
 from bot.forges.base import RetryPolicy
 from bot.forges.registry import ForgeOptions, build_forges
 from bot.llm.simulated import SimulatedBackend
@@ -184,7 +184,8 @@ async def run_forge(url: str, forge: Forge, *, requests: int, speed: float, seed
                 dispatcher_settings(settings, owner="bench"),
                 maintenance_s=1.0,
             ),
-            budget=ServedBudget(await served_line_budget(settings), settings.review.context_tokens),
+            # The configured context allowance, as a chunk's whole (not fitted to the model).
+            budget=await served_budget(settings, fit_context=False),
         ) as running:
             answers = await replay(emulator, running.url, trace, clock, speed=speed)
             print(f"{forge}: webhooks answered {dict(Counter(answers))}", flush=True)

@@ -63,12 +63,17 @@ def dispatcher_settings(settings: Settings, *, owner: str) -> DispatcherSettings
 
 
 def planning_settings(
-    settings: Settings, *, line_budget: int, context_tokens: int
+    settings: Settings,
+    *,
+    line_budget: int,
+    context_tokens: int,
+    backlog_line_budget: int | None = None,
 ) -> PlanningSettings:
     """Planning's: its claim's lease, and chunks sized to the served model."""
     return PlanningSettings(
         lease_s=settings.scheduler.lease_s,
         line_budget=line_budget,
+        backlog_line_budget=backlog_line_budget,
         context_tokens=context_tokens,
     )
 

@@ -200,6 +200,16 @@ class SchedulerSettings(Section):
         "PostgreSQL) instead of by changed lines alone (mean turnaround 0-3% lower on the "
         "mornings of docs/benchmarks.md)",
     )
+    # Larger chunks pay fewer calls' overhead while work queues; while workers are free,
+    # short ones win (bot/sched/backlog.py, docs/benchmarks.md "Chunk size").
+    backlog_chunk_lines: int = knob(
+        800,
+        "REVIEW_BOT_BACKLOG_CHUNK_LINES",
+        "diff lines per chunk after a review's first while more than two chunks per worker "
+        "slot wait (400 otherwise; both at most what the served model's context holds); `0` "
+        "keeps 400",
+        ge=0,
+    )
     # On SIGTERM a dispatcher takes no new chunk and gives its running calls this long to
     # finish; what still runs then is handed back. Keep it under the orchestrator's grace
     # (Kubernetes' terminationGracePeriodSeconds, compose's stop_grace_period).

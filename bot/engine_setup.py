@@ -81,6 +81,8 @@ class ServedBudget:
 
     line_budget: int
     context_tokens: int
+    # Lines per chunk while work queues beyond the workers (None: `line_budget` always).
+    backlog_line_budget: int | None = None
 
 
 async def served_budget(
@@ -89,10 +91,12 @@ async def served_budget(
     """Chunk budgets for the served model's context (openai backend): the context allowance
     (REVIEW_BOT_CONTEXT_TOKENS; with `fit_context`, at most a quarter of the prompt's room)
     and the diff lines that fit beside it; else `ceiling` lines and the configured allowance.
+    The backlog's budget (REVIEW_BOT_BACKLOG_CHUNK_LINES) fits the same room.
 
     Raises ValueError when the context cannot hold a useful chunk (a configuration error).
     """
-    configured = ServedBudget(ceiling, settings.review.context_tokens)
+    backlog = settings.scheduler.backlog_chunk_lines or None
+    configured = ServedBudget(ceiling, settings.review.context_tokens, backlog)
     if (settings.llm.backend or "").strip().lower() != "openai" or not settings.llm.base_urls:
         return configured
     async with aiohttp.ClientSession() as session:
@@ -111,36 +115,38 @@ async def served_budget(
                     fixed_prompt_tokens=fixed,
                     configured=context,
                 )
-            budget = chunk_line_budget(
+            # The title, description and code context take at most their allowance.
+            fits = chunk_line_budget(
                 info.max_model_len,
                 max_tokens=settings.llm.max_tokens,
-                # The title, description and code context take at most their allowance.
                 fixed_prompt_tokens=fixed + context,
-                ceiling=ceiling,
+                ceiling=max(ceiling, backlog or 0),
             )
+            budget = min(ceiling, fits)
+            backlog_budget = min(backlog, fits) if backlog else None
             log.info(
-                "%s serves %s with a context of %s tokens: chunks of up to %s lines and %s "
-                "tokens of pull request text and code context",
+                "%s serves %s with a context of %s tokens: chunks of up to %s lines (%s while "
+                "work queues) and %s tokens of pull request text and code context",
                 url,
                 info.id,
                 info.max_model_len,
                 budget,
+                backlog_budget or budget,
                 context,
-                extra={"action": "chunk_budget", "line_budget": budget, "context_tokens": context},
+                extra={
+                    "action": "chunk_budget",
+                    "line_budget": budget,
+                    "backlog_line_budget": backlog_budget,
+                    "context_tokens": context,
+                },
             )
-            return ServedBudget(budget, context)
+            return ServedBudget(budget, context, backlog_budget)
     log.warning(
         "no server said its context length: chunks of up to %s lines",
         ceiling,
         extra={"action": "chunk_budget_default"},
     )
     return configured
-
-
-async def served_line_budget(settings: Settings, *, ceiling: int = DEFAULT_LINE_BUDGET) -> int:
-    """The chunk line budget beside all of REVIEW_BOT_CONTEXT_TOKENS (for a caller whose
-    chunks get the configured allowance; `served_budget` fits both to the model)."""
-    return (await served_budget(settings, ceiling=ceiling, fit_context=False)).line_budget
 
 
 __all__ = [
@@ -151,5 +157,4 @@ __all__ = [
     "fixed_prompt_tokens",
     "metrics_probe",
     "served_budget",
-    "served_line_budget",
 ]

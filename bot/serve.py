@@ -240,7 +240,10 @@ class RoleParts:
             clock=self.clock,
             dispatcher=self.dispatching,
             planning=planning_settings(
-                settings, line_budget=budget.line_budget, context_tokens=budget.context_tokens
+                settings,
+                line_budget=budget.line_budget,
+                context_tokens=budget.context_tokens,
+                backlog_line_budget=budget.backlog_line_budget,
             ),
             posting=posting_settings(settings),
             metrics=self.metrics,

@@ -58,8 +58,13 @@ class ReviewPipeline:
         self.plan_limit = plan_limit
         self._posting: dict[int, int] = {}  # job id -> posts of it running in this process
 
-    async def plan_jobs(self, now: datetime, estimate: CostEstimate) -> list[PlanningOutcome]:
-        """Plan pending jobs (the dispatcher's `plan_jobs`); jobs with nothing to review post."""
+    async def plan_jobs(
+        self, now: datetime, estimate: CostEstimate, backlogged: bool = False
+    ) -> list[PlanningOutcome]:
+        """Plan pending jobs (the dispatcher's `plan_jobs`); jobs with nothing to review post.
+
+        While work queues beyond the workers (`backlogged`), chunks are cut larger.
+        """
         outcomes = await claim_and_plan_jobs(
             self.store,
             self.forges,
@@ -67,7 +72,7 @@ class ReviewPipeline:
             now=now,
             limit=self.plan_limit,
             estimate=estimate,
-            settings=self.planning,
+            settings=self.planning.for_backlog(backlogged),
             scope_review=self.scope_review,
             planned=self.quiet.planned if self.quiet is not None else None,
         )

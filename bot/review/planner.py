@@ -48,6 +48,9 @@ class PlanningSettings:
 
     line_budget: int = DEFAULT_LINE_BUDGET
     first_budget: int | None = DEFAULT_FIRST_BUDGET
+    # Continuations' budget while work queues beyond the workers (bot.sched.backlog); None:
+    # `line_budget` always.
+    backlog_line_budget: int | None = DEFAULTS.scheduler.backlog_chunk_lines or None
     # mlfq: chunks ranked by the job's expected remaining work. Without time slicing (fifo and
     # priority) a review is one call and the queue keeps arrival order (rank 0, then the id).
     time_slicing: bool = True
@@ -69,7 +72,19 @@ class PlanningSettings:
         settings = base or cls()
         if policy == "mlfq":
             return replace(settings, time_slicing=True)
-        return replace(settings, line_budget=ONE_CALL_BUDGET, first_budget=None, time_slicing=False)
+        return replace(
+            settings,
+            line_budget=ONE_CALL_BUDGET,
+            first_budget=None,
+            backlog_line_budget=None,
+            time_slicing=False,
+        )
+
+    def for_backlog(self, backlogged: bool) -> PlanningSettings:
+        """These settings, with the backlog's larger chunks while work queues."""
+        if not backlogged or self.backlog_line_budget is None:
+            return self
+        return replace(self, line_budget=max(self.line_budget, self.backlog_line_budget))
 
 
 @dataclass(frozen=True, slots=True)

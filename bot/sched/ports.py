@@ -60,9 +60,10 @@ JobCompleted = Callable[[int, datetime], Awaitable[None]]
 # Told of a running chunk the dispatcher took back for P0 work (the replay drops its completion).
 ChunkPreempted = Callable[[Leased, datetime], Awaitable[None]]
 # Plans pending jobs (bot.review.planner through the pipeline: the diff fetched and chunked,
-# forge errors retried or ending the job); gets the current cost estimate for the ranks,
-# returns what it did to each job (a planned job's chunk sizes and ranks among it).
-PlanJobs = Callable[[datetime, CostEstimate], Awaitable[Sequence[PlannedJob]]]
+# forge errors retried or ending the job); gets the current cost estimate for the ranks and
+# whether work queues beyond the workers (planning then cuts larger chunks), returns what it
+# did to each job (a planned job's chunk sizes and ranks among it).
+PlanJobs = Callable[[datetime, CostEstimate, bool], Awaitable[Sequence[PlannedJob]]]
 
 
 __all__ = [

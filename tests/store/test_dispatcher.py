@@ -342,3 +342,28 @@ async def test_a_chunk_the_model_server_refuses_is_named_in_the_review_not_fatal
         await backend.close()
         await store.close()
         await server.stop()
+
+
+async def test_reviews_planned_while_work_queues_are_cut_in_larger_chunks(db_url: str) -> None:
+    """Chunks follow the backlog: 40-line chunks while the one slot has little waiting, 80
+    once more than two chunks per slot are ready (bot.sched.backlog)."""
+    store = QueueStore.from_url(db_url)
+    pipeline = build_pipeline(
+        store,
+        forges=FORGES,
+        policies=None,
+        backend=SimulatedBackend(overhead_s=3.0, seconds_per_line=0.01),
+        clock=SystemClock(),
+        dispatcher=DispatcherSettings(owner="d1", slots=1, backlog_factor=2.0),
+        planning=PlanningSettings(line_budget=40, first_budget=None, backlog_line_budget=80),
+    )
+    try:
+        first = await _submit(store, 51, lines=120)
+        assert await pipeline.dispatcher.plan_unplanned_jobs(SystemClock().now()) == 1
+        assert [chunk.lines for chunk in await store.chunk_results(first)] == [40, 40, 40]
+        # Three chunks ready for one slot: a backlog.
+        second = await _submit(store, 52, lines=120)
+        assert await pipeline.dispatcher.plan_unplanned_jobs(SystemClock().now()) == 1
+        assert [chunk.lines for chunk in await store.chunk_results(second)] == [80, 40]
+    finally:
+        await store.close()

@@ -11,6 +11,7 @@ from bot.components import (
     status_settings,
 )
 from bot.config import Settings, load_settings
+from bot.engine_setup import served_budget
 from bot.model import LEVELS, JobState, Level
 from bot.sched.dispatcher import DispatcherSettings
 from bot.serve import open_store
@@ -64,6 +65,22 @@ def test_learned_costs_reach_the_dispatcher_settings() -> None:
 
     assert not dispatching({}).learned_costs
     assert dispatching({"REVIEW_BOT_LEARNED_COSTS": "true"}).learned_costs
+
+
+async def test_the_backlog_chunk_size_reaches_planning_and_the_dispatcher() -> None:
+    assert dispatcher_settings(_settings({}), owner="d").backlog_factor == 2.0
+    assert (await served_budget(_settings({}))).backlog_line_budget == 800
+    off = _settings({"REVIEW_BOT_BACKLOG_CHUNK_LINES": "0"})
+    assert dispatcher_settings(off, owner="d").backlog_factor is None
+    budget = await served_budget(off)
+    assert budget.backlog_line_budget is None
+    planning = planning_settings(
+        off,
+        line_budget=budget.line_budget,
+        context_tokens=budget.context_tokens,
+        backlog_line_budget=budget.backlog_line_budget,
+    )
+    assert planning.for_backlog(True).line_budget == 400
 
 
 def test_every_role_maps_the_settings_to_its_components_alike() -> None:

@@ -12,7 +12,7 @@ from bot.sim.forge import added_lines_patch, memory_forges
 # Every test's changes live in one in-memory forge; a job's diff is 40-line files, 40 lines
 # a chunk, so a 120-line job is three chunks.
 FORGES = memory_forges(SystemClock())
-FORTY_LINE_CHUNKS = PlanningSettings(line_budget=40, first_budget=None)
+FORTY_LINE_CHUNKS = PlanningSettings(line_budget=40, first_budget=None, backlog_line_budget=None)
 
 
 def add_change(

@@ -40,6 +40,7 @@ CASES: dict[str, tuple[Callable[[Settings], object], object]] = {
             settings,
             line_budget=DEFAULT_LINE_BUDGET,
             context_tokens=settings.review.context_tokens,
+            backlog_line_budget=settings.scheduler.backlog_chunk_lines,
         ),
         PlanningSettings(),
     ),

@@ -6,7 +6,7 @@ import pytest
 from aiohttp import web
 
 from bot.config import LLMSettings, Settings
-from bot.engine_setup import fixed_prompt_tokens, served_budget, served_line_budget
+from bot.engine_setup import fixed_prompt_tokens, served_budget
 from bot.llm.vllm_metrics import (
     TOKENS_PER_DIFF_LINE,
     TOKENS_PER_LINE_NUMBER,
@@ -46,9 +46,17 @@ async def test_a_served_model_gets_lines_and_context_that_fit_its_context_togeth
     # The context costs a small model at most a quarter of the diff lines it would hold.
     without = (max_model_len - settings.llm.max_tokens - fixed) // LINE
     assert budget.line_budget >= min(400, 3 * without // 4)
+    # The backlog's larger chunks fit the same room: 800 lines where they do, else as many as
+    # fit, never fewer than the ordinary chunks.
+    backlog = budget.backlog_line_budget
+    assert backlog is not None and budget.line_budget <= backlog <= 800
+    assert fixed + budget.context_tokens + backlog * LINE + settings.llm.max_tokens <= max_model_len
+    assert backlog == 800 or (backlog + 1) * LINE > (
+        max_model_len - settings.llm.max_tokens - fixed - budget.context_tokens
+    )
     # A caller that gives every chunk the whole configured allowance gets fewer lines (or
     # as many, when the model's context is long), never a prompt over the context.
-    lines = await served_line_budget(settings)
+    lines = (await served_budget(settings, fit_context=False)).line_budget
     assert lines <= budget.line_budget
     assert (
         fixed + settings.review.context_tokens + lines * LINE + settings.llm.max_tokens
