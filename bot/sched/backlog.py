@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from bot.model import Level
+
 # More ready chunks than this many per worker slot is a backlog.
 DEFAULT_BACKLOG_FACTOR = 2.0
 
 
-def is_backlogged(ready: Mapping[object, int], slots: int, factor: float) -> bool:
+def is_backlogged(ready: Mapping[Level, int], slots: int, factor: float) -> bool:
     """True when more chunks are ready, over all levels, than `factor` per worker slot."""
     return sum(ready.values()) > factor * max(1, slots)
 

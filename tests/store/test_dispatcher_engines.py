@@ -164,7 +164,7 @@ def _dispatcher(
         dispatcher=DispatcherSettings(
             owner="d1", slots=1, poll_s=0.2, lease_s=60.0, mlfq=MlfqSettings(reserved_slots=0)
         ),
-        planning=PlanningSettings(line_budget=400),
+        planning=PlanningSettings(line_budget=400, backlog_line_budget=None),
         engines=pool,
         answer_tokens=256,
     ).dispatcher

@@ -91,7 +91,7 @@ async def test_a_long_reviews_continuations_run_in_order_and_finish_as_one_unit(
         policy="mlfq",
         database_url=db_url,
         mlfq=MlfqSettings(preempt=False),
-        planning=PlanningSettings(line_budget=400),
+        planning=PlanningSettings(line_budget=400, backlog_line_budget=None),
     )
     assert result["completed"] == result["posted"] == 2
     jobs = {number: await _job(inspect, number) for number in (1, 2)}
