@@ -235,8 +235,9 @@ async def test_a_p0_review_takes_a_place_above_a_full_window_without_preempting(
     db_url: str,
 ) -> None:
     store = QueueStore.from_url(db_url)
-    # Two-second calls: a second of margin for a loaded machine to place the P0.
-    server = CountingServer(2.0)
+    # Four-second calls: the P0's call must reach the server while both window calls still
+    # run; with two-second calls a loaded make test once sent it after they had ended.
+    server = CountingServer(4.0)
     await server.start()
     dispatcher = _dispatcher(store, [server], WindowSettings(floor=2, ceiling=2, initial=2))
     runner = asyncio.create_task(dispatcher.run(database_url=db_url))
@@ -244,11 +245,11 @@ async def test_a_p0_review_takes_a_place_above_a_full_window_without_preempting(
         # The engine answers a call alone, then two at a time as fast: a P0 beside the
         # window loses nothing, so nothing is taken back for it.
         background = [await _submit(store, 1)]
-        await _until(lambda: _all_done(store, background), timeout_s=10.0)
+        await _until(lambda: _all_done(store, background), timeout_s=20.0)
         background += [await _submit(store, number) for number in range(2, 10)]
         await _until(
             lambda: asyncio.sleep(0, result=server.served >= 3 and server.in_flight == 2),
-            timeout_s=10.0,
+            timeout_s=20.0,
         )
         assert dispatcher.engines is not None
         assert dispatcher.engines.engines[0].p0_companions == 2  # the whole window
@@ -261,7 +262,7 @@ async def test_a_p0_review_takes_a_place_above_a_full_window_without_preempting(
         assert server.most == 3
         assert 0 in server.priorities  # sent as vLLM's priority 0
         assert dispatcher.preemptions == 0
-        await _until(lambda: _all_done(store, background), timeout_s=30.0)
+        await _until(lambda: _all_done(store, background), timeout_s=60.0)
     finally:
         dispatcher.stop()
         await asyncio.wait_for(runner, timeout=10.0)
