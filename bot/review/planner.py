@@ -18,6 +18,7 @@ from bot.model import (
     ChunkPlan,
     Job,
     JobState,
+    Level,
     PolicyDecision,
     ReviewRequest,
 )
@@ -51,6 +52,8 @@ class PlanningSettings:
     # Continuations' budget while work queues beyond the workers (bot.sched.backlog); None:
     # `line_budget` always.
     backlog_line_budget: int | None = DEFAULTS.scheduler.backlog_chunk_lines or None
+    # Whether work queues beyond the workers now (set per planning pass by `for_backlog`).
+    backlogged: bool = False
     # mlfq: chunks ranked by the job's expected remaining work. Without time slicing (fifo and
     # priority) a review is one call and the queue keeps arrival order (rank 0, then the id).
     time_slicing: bool = True
@@ -81,10 +84,19 @@ class PlanningSettings:
         )
 
     def for_backlog(self, backlogged: bool) -> PlanningSettings:
-        """These settings, with the backlog's larger chunks while work queues."""
-        if not backlogged or self.backlog_line_budget is None:
-            return self
-        return replace(self, line_budget=max(self.line_budget, self.backlog_line_budget))
+        """These settings for a planning pass that finds work queued (or not)."""
+        return replace(self, backlogged=backlogged)
+
+    def line_budget_for(self, level: Level) -> int:
+        """The continuations' budget of a review at `level`.
+
+        While work queues, larger chunks save calls' overhead for everyone but a hotfix: a P0
+        review's chunks run side by side on the slots kept for it, so shorter ones end it
+        sooner (docs/benchmarks.md, "Chunk size").
+        """
+        if not self.backlogged or self.backlog_line_budget is None or level == Level.P0:
+            return self.line_budget
+        return max(self.line_budget, self.backlog_line_budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +175,7 @@ def build_review_plan(
     settings = settings or PlanningSettings()
     result = plan_chunks(
         changes.files,
-        line_budget=settings.line_budget,
+        line_budget=settings.line_budget_for(job.level),
         first_budget=settings.first_budget,
         skip=classify_skipped_file,
     )

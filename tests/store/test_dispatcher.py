@@ -59,13 +59,14 @@ async def _submit(
     number: int,
     lines: int = 120,
     files: Sequence[FileChange] | None = None,
+    level: Level = Level.P1,
 ) -> int:
     """Enqueue a review of `lines` changed lines (in 40-line files unless `files` are given)."""
     head_sha = f"{number:040d}"
     add_change(number, lines, head_sha=head_sha, files=files)
     result = await store.submit_request(
         make_request(number=number, head_sha=head_sha, additions=lines, deletions=0),
-        decide(),
+        decide(level),
         now=SystemClock().now(),
     )
     assert result.job_id is not None
@@ -346,7 +347,7 @@ async def test_a_chunk_the_model_server_refuses_is_named_in_the_review_not_fatal
 
 async def test_reviews_planned_while_work_queues_are_cut_in_larger_chunks(db_url: str) -> None:
     """Chunks follow the backlog: 40-line chunks while the one slot has little waiting, 80
-    once more than two chunks per slot are ready (bot.sched.backlog)."""
+    once more than two chunks per slot are ready (bot.sched.backlog), except a hotfix's."""
     store = QueueStore.from_url(db_url)
     pipeline = build_pipeline(
         store,
@@ -365,5 +366,8 @@ async def test_reviews_planned_while_work_queues_are_cut_in_larger_chunks(db_url
         second = await _submit(store, 52, lines=120)
         assert await pipeline.dispatcher.plan_unplanned_jobs(SystemClock().now()) == 1
         assert [chunk.lines for chunk in await store.chunk_results(second)] == [80, 40]
+        hotfix = await _submit(store, 53, lines=120, level=Level.P0)
+        assert await pipeline.dispatcher.plan_unplanned_jobs(SystemClock().now()) == 1
+        assert [chunk.lines for chunk in await store.chunk_results(hotfix)] == [40, 40, 40]
     finally:
         await store.close()

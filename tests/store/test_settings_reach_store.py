@@ -80,7 +80,7 @@ async def test_the_backlog_chunk_size_reaches_planning_and_the_dispatcher() -> N
         context_tokens=budget.context_tokens,
         backlog_line_budget=budget.backlog_line_budget,
     )
-    assert planning.for_backlog(True).line_budget == 400
+    assert planning.for_backlog(True).line_budget_for(Level.P1) == 400
 
 
 def test_every_role_maps_the_settings_to_its_components_alike() -> None:

@@ -23,20 +23,26 @@ def test_no_slot_counts_as_one() -> None:
 def test_planning_cuts_larger_continuations_only_while_work_queues() -> None:
     settings = PlanningSettings()
     assert settings.line_budget == DEFAULT_LINE_BUDGET
-    assert settings.for_backlog(False) == settings
-    backlog = settings.for_backlog(True)
-    assert backlog.line_budget == 800
-    assert backlog.first_budget == settings.first_budget  # a review still starts short
+    for level in (Level.P1, Level.P2, Level.P3):
+        assert settings.for_backlog(False).line_budget_for(level) == DEFAULT_LINE_BUDGET
+        assert settings.for_backlog(True).line_budget_for(level) == 800
+    assert settings.for_backlog(True).first_budget == settings.first_budget  # still starts short
+
+
+def test_a_hotfix_keeps_the_ordinary_chunks_while_work_queues() -> None:
+    backlog = PlanningSettings().for_backlog(True)
+    assert backlog.line_budget_for(Level.P0) == DEFAULT_LINE_BUDGET
 
 
 def test_a_backlog_budget_never_shrinks_the_chunks() -> None:
     settings = PlanningSettings(line_budget=1000, backlog_line_budget=800)
-    assert settings.for_backlog(True).line_budget == 1000
-    assert PlanningSettings(backlog_line_budget=None).for_backlog(True).line_budget == 400
+    assert settings.for_backlog(True).line_budget_for(Level.P1) == 1000
+    off = PlanningSettings(backlog_line_budget=None).for_backlog(True)
+    assert off.line_budget_for(Level.P1) == DEFAULT_LINE_BUDGET
 
 
 def test_one_call_per_review_policies_have_no_backlog_budget() -> None:
     for policy in ("fifo", "priority"):
         settings = PlanningSettings.for_policy(policy)
         assert settings.backlog_line_budget is None
-        assert settings.for_backlog(True) == settings
+        assert settings.for_backlog(True).line_budget_for(Level.P1) == settings.line_budget
