@@ -26,6 +26,7 @@ from bot.review.planner import PlanningOutcome, PlanningSettings, claim_and_plan
 from bot.review.poster import PostingOutcome, PostingSettings, post_job_review
 from bot.review.quiet_post import QuietPosting, post_quiet_review
 from bot.sched.cost import CostEstimate
+from bot.sched.ports import Backlogged
 
 
 class ReviewPipeline:
@@ -59,7 +60,7 @@ class ReviewPipeline:
         self._posting: dict[int, int] = {}  # job id -> posts of it running in this process
 
     async def plan_jobs(
-        self, now: datetime, estimate: CostEstimate, backlogged: bool = False
+        self, now: datetime, estimate: CostEstimate, backlogged: Backlogged | None = None
     ) -> list[PlanningOutcome]:
         """Plan pending jobs (the dispatcher's `plan_jobs`); jobs with nothing to review post.
 
@@ -72,7 +73,8 @@ class ReviewPipeline:
             now=now,
             limit=self.plan_limit,
             estimate=estimate,
-            settings=self.planning.for_backlog(backlogged),
+            settings=self.planning,
+            backlogged=backlogged,
             scope_review=self.scope_review,
             planned=self.quiet.planned if self.quiet is not None else None,
         )

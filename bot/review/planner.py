@@ -33,6 +33,7 @@ from bot.review.narrow import ReviewScope
 from bot.review.planned_diffs import PlannedDiffs
 from bot.sched.cost import CostEstimate, ReviewFeatures, chunk_file_lines
 from bot.sched.mlfq import SchedulingPolicy, queue_ranks, rank_chunks
+from bot.sched.ports import Backlogged
 
 log = logging.getLogger(__name__)
 
@@ -407,13 +408,17 @@ async def claim_and_plan_jobs(
     settings: PlanningSettings | None = None,
     scope_review: ScopeReview | None = None,
     planned: PlannedDiffs | None = None,
+    backlogged: Backlogged | None = None,
 ) -> list[PlanningOutcome]:
     """Claim and plan up to `limit` unplanned jobs (their retry time reached); returns what
-    happened."""
+    happened. `backlogged`, asked once jobs were claimed, says whether work queues beyond the
+    workers (chunks are cut larger then)."""
     settings = settings or PlanningSettings()
     jobs = await store.fetch_unplanned_jobs(
         now=now, limit=limit, owner=settings.owner, lease_s=settings.lease_s
     )
+    if jobs and backlogged is not None:
+        settings = settings.for_backlog(await backlogged())
     return [
         await plan_one_job(
             store,

@@ -63,10 +63,13 @@ ChunkPreempted = Callable[[Leased, datetime], Awaitable[None]]
 # forge errors retried or ending the job); gets the current cost estimate for the ranks and
 # whether work queues beyond the workers (planning then cuts larger chunks), returns what it
 # did to each job (a planned job's chunk sizes and ranks among it).
-PlanJobs = Callable[[datetime, CostEstimate, bool], Awaitable[Sequence[PlannedJob]]]
+# Whether work queues beyond the workers now; planning asks only once it has claimed a job.
+Backlogged = Callable[[], Awaitable[bool]]
+PlanJobs = Callable[[datetime, CostEstimate, Backlogged], Awaitable[Sequence[PlannedJob]]]
 
 
 __all__ = [
+    "Backlogged",
     "CallUsage",
     "ChunkPreempted",
     "ChunkReviewer",

@@ -195,7 +195,10 @@ class DispatcherCore:
         The chunk sizes and ranks of what was planned stay in the per-job record, so the
         job's continuations are re-ranked as its chunks start and finish.
         """
-        backlogged = await self._backlogged(now)
+
+        async def backlogged() -> bool:
+            return await self._backlogged(now)
+
         outcomes = await self.plan_jobs(now, await self.cost_estimate(now), backlogged)
         if self.settings.policy == "mlfq":
             for outcome in outcomes:
@@ -204,7 +207,7 @@ class DispatcherCore:
 
     async def _backlogged(self, now: datetime) -> bool:
         """Whether ready work queues beyond the slots now (read from the database, so the
-        chunks other dispatchers run count too)."""
+        chunks other dispatchers run count too; only when a job is there to plan)."""
         factor = self.settings.backlog_factor
         if self.settings.policy != "mlfq" or factor is None:
             return False

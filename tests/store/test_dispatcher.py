@@ -16,7 +16,7 @@ from bot.model import ChunkState, FileChange, JobState, Level
 from bot.pipeline import build_pipeline
 from bot.queue.store import QueueSettings, QueueStore
 from bot.review.assemble import assemble_review, stored_chunk
-from bot.review.planner import PlanningSettings
+from bot.review.planner import PlanningSettings, claim_and_plan_jobs
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
 from bot.sim.forge import added_lines_patch
@@ -369,5 +369,35 @@ async def test_reviews_planned_while_work_queues_are_cut_in_larger_chunks(db_url
         hotfix = await _submit(store, 53, lines=120, level=Level.P0)
         assert await pipeline.dispatcher.plan_unplanned_jobs(SystemClock().now()) == 1
         assert [chunk.lines for chunk in await store.chunk_results(hotfix)] == [40, 40, 40]
+    finally:
+        await store.close()
+
+
+async def test_planning_reads_the_backlog_only_once_it_has_claimed_a_job(db_url: str) -> None:
+    """The dispatcher asks about the backlog on every planning pass; the load is read (one
+    query) only when a job is there to plan, not on the passes that find none."""
+    store = QueueStore.from_url(db_url)
+    asked: list[bool] = []
+
+    async def backlogged() -> bool:
+        asked.append(True)
+        return True
+
+    settings = PlanningSettings(line_budget=40, first_budget=None, backlog_line_budget=80)
+    try:
+        now = SystemClock().now()
+        assert (
+            await claim_and_plan_jobs(
+                store, FORGES, None, now=now, settings=settings, backlogged=backlogged
+            )
+            == []
+        )
+        assert asked == []
+        job = await _submit(store, 54, lines=120)
+        [outcome] = await claim_and_plan_jobs(
+            store, FORGES, None, now=SystemClock().now(), settings=settings, backlogged=backlogged
+        )
+        assert outcome.result == "planned" and asked == [True]
+        assert [chunk.lines for chunk in await store.chunk_results(job)] == [80, 40]
     finally:
         await store.close()

@@ -220,7 +220,7 @@ async def test_a_running_dispatcher_beats_and_says_goodbye(store: QueueStore, db
     assert liveness.dispatchers == 0 and liveness.beats[0].stopped_at is not None
 
 
-async def _plan_nothing(now: Any, estimator: Any, backlogged: bool) -> list[Any]:
+async def _plan_nothing(now: Any, estimator: Any, backlogged: Any) -> list[Any]:
     return []  # no job is submitted in this test
 
 
