@@ -6,7 +6,8 @@ played forward on the engines' slots, every free slot filled by the scheduler's 
 (`bot.sched.mlfq.choose_slot`: P0 first, weighted shares, the short-work reserve), each level's
 calls taken in the queue's order (rank, then job); a new P0 review with no free slot takes one
 back as the dispatcher does (`choose_preemption`), so a hotfix is not promised the end of a
-long call it would not wait for. A fluid model (work divided by slots) was the
+long call it would not wait for. A review waiting for others (stacked pull requests) queues its
+calls only once they end, as the queue releases it. A fluid model (work divided by slots) was the
 first idea; it misjudges the shallow queues this scheduler keeps, where a review's calls start
 at once on free slots. Work that has not arrived yet is played too when `arrivals` is given: the
 recent stream of each level (one typical review every so many seconds) keeps arriving while the
@@ -50,6 +51,8 @@ class JobLoad:
     started: bool  # its first call has started
     queued: tuple[QueuedCall, ...] = ()
     running_s: tuple[float, ...] = ()  # expected seconds left of each of its running calls
+    # Live jobs it waits for (stacked pull requests): its calls queue only once they end.
+    waits_for: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,17 +143,19 @@ def estimate_queue(
     progress = {job.job_id: _Progress(start=0.0 if job.started else None) for job in jobs}
     running: _Running = []
     order = itertools.count()
+    held = _Held(jobs)
     for level in LEVELS:
         calls = sorted(
             (call.rank, job.job_id, max(0.0, call.seconds))
             for job in jobs
-            if job.level == level
+            if job.level == level and not held.holds(job.job_id)
             for call in job.queued
         )
         queues[level] = calls  # sorted: a heap already
         counts.ready[level] = len(calls)
         counts.ready_new_work[level] = sum(1 for rank, _, _ in calls if is_new_work(rank))
         counts.ready_short_work[level] = sum(1 for rank, _, _ in calls if rank <= short_s)
+    held.release_ended(queues, counts, short_s)
     for job in jobs:
         for left in job.running_s:
             end = max(0.0, left) / capacity.speed
@@ -182,6 +187,8 @@ def estimate_queue(
                 level = next(level for level in LEVELS if queues[level])
                 _start(level, queues, counts, running, progress, capacity, now, order)
                 continue
+            if held.release_all(queues, counts, short_s):
+                continue  # what they wait for has no call left to run: they queue now
             break
         done = heapq.heappop(running)
         now, job_id, level, long_call = done.end, done.job_id, done.level, done.long_call
@@ -189,7 +196,62 @@ def estimate_queue(
         counts.running_long_work -= int(long_call)
         if job_id >= 0:
             real_left -= 1
+            held.call_ended(job_id)
+            held.release_ended(queues, counts, short_s)
     return _estimates(jobs, progress)
+
+
+class _Held:
+    """Jobs waiting for other live jobs: their queued calls join the queues once those end."""
+
+    def __init__(self, jobs: Sequence[JobLoad]) -> None:
+        live = {job.job_id for job in jobs}
+        self.calls_left = {job.job_id: len(job.queued) + len(job.running_s) for job in jobs}
+        self.waiting: dict[int, tuple[set[int], JobLoad]] = {}
+        for job in jobs:
+            waits_for = set(job.waits_for) & live - {job.job_id}
+            if waits_for:
+                self.waiting[job.job_id] = (waits_for, job)
+
+    def holds(self, job_id: int) -> bool:
+        return job_id in self.waiting
+
+    def call_ended(self, job_id: int) -> None:
+        self.calls_left[job_id] -= 1
+
+    def release_ended(self, queues: _Queues, counts: _Counts, short_s: float) -> None:
+        """Queue the calls of every held job whose dependencies have no call left."""
+        ended = {job_id for job_id, left in self.calls_left.items() if left <= 0}
+        while ready := [
+            job_id for job_id, (waits_for, _) in self.waiting.items() if waits_for <= ended
+        ]:
+            for job_id in ready:
+                _, job = self.waiting.pop(job_id)
+                _enqueue(job.level, job.job_id, job.queued, queues, counts, short_s)
+                if self.calls_left[job_id] <= 0:
+                    ended.add(job_id)
+
+    def release_all(self, queues: _Queues, counts: _Counts, short_s: float) -> bool:
+        """Queue every held job's calls (nothing it waits for can end); whether any were held."""
+        held, self.waiting = self.waiting, {}
+        for _, job in held.values():
+            _enqueue(job.level, job.job_id, job.queued, queues, counts, short_s)
+        return bool(held)
+
+
+def _enqueue(
+    level: Level,
+    job_id: int,
+    calls: Sequence[QueuedCall],
+    queues: _Queues,
+    counts: _Counts,
+    short_s: float,
+) -> None:
+    for call in calls:
+        heapq.heappush(queues[level], (call.rank, job_id, max(0.0, call.seconds)))
+        counts.ready[level] += 1
+        counts.ready_new_work[level] += int(is_new_work(call.rank))
+        counts.ready_short_work[level] += int(call.rank <= short_s)
 
 
 class _Stream:
@@ -227,11 +289,7 @@ class _Stream:
         self.count += 1
         job_id = next(self.ids)
         progress[job_id] = _Progress()
-        for call in self.arrivals.calls[level]:
-            heapq.heappush(queues[level], (call.rank, job_id, max(0.0, call.seconds)))
-            counts.ready[level] += 1
-            counts.ready_new_work[level] += int(is_new_work(call.rank))
-            counts.ready_short_work[level] += int(call.rank <= short_s)
+        _enqueue(level, job_id, self.arrivals.calls[level], queues, counts, short_s)
 
 
 def _fill(

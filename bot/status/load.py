@@ -33,6 +33,7 @@ class LiveCalls:
     done_lines: int = 0
     done_calls: int = 0
     done_gpu_s: float = 0.0
+    waits_for: tuple[int, ...] = ()  # the jobs it waits for while `waiting` (stacked PRs)
 
 
 def call_seconds(
@@ -61,7 +62,12 @@ def job_load(calls: LiveCalls, *, estimator: ServiceEstimator, now: datetime) ->
         # A call that overran its estimate is expected to need a little longer still.
         running.append(max(expected - elapsed, estimator.overhead_s))
     return JobLoad(
-        calls.job_id, calls.level, started=calls.started, queued=queued, running_s=tuple(running)
+        calls.job_id,
+        calls.level,
+        started=calls.started,
+        queued=queued,
+        running_s=tuple(running),
+        waits_for=calls.waits_for,
     )
 
 
@@ -83,7 +89,9 @@ def _unplanned(calls: LiveCalls, *, estimator: ServiceEstimator) -> JobLoad:
     queued += [
         QueuedCall(Rank(continuation=True, seconds=remaining).packed, s) for s in seconds[1:]
     ]
-    return JobLoad(calls.job_id, calls.level, started=False, queued=tuple(queued))
+    return JobLoad(
+        calls.job_id, calls.level, started=False, queued=tuple(queued), waits_for=calls.waits_for
+    )
 
 
 # How far back the recent stream of each level is read, and how many reviews make one.

@@ -50,6 +50,7 @@ def live_calls(row: Any) -> LiveCalls:
         done_lines=int(row.done_lines or 0),
         done_calls=int(row.done_calls or 0),
         done_gpu_s=float(row.done_gpu_s or 0.0),
+        waits_for=tuple(int(job_id) for job_id in row.waits_for or ()),
     )
 
 

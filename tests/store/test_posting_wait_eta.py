@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from bot.clock import VirtualClock
+from bot.model import Level
 from bot.queue.sql import budget as budget_sql
 from bot.queue.store import QueueStore
 from bot.status.eta import Capacity
@@ -51,3 +54,28 @@ async def test_an_installation_whose_minute_is_spent_moves_its_reviews_eta_and_n
     assert after.estimates[jobs[8]] == before[jobs[8]]
     # The promise the ETA learns from carries the same wait.
     assert after.raw[jobs[7]].finish_in_s - before[jobs[7]].finish_in_s >= BINDING_WAIT_S
+
+
+async def test_a_stacked_hotfix_is_promised_after_the_review_it_waits_for(
+    store: QueueStore, clock: VirtualClock
+) -> None:
+    """A hotfix that waits for another pull request's review starts when that review ends, not
+    at once on a free slot: its ETA says so (the stacked P0s of the public morning were told
+    about 20 s and took over 100)."""
+    now = clock.now()
+    base = await store.submit_request(make_request(number=1, head_sha="a" * 40), decide(), now=now)
+    assert base.job_id is not None
+    await store.plan_job(base.job_id, plans(400, 400, 400), now=now)
+    hotfix = await store.submit_request(
+        make_request(number=2, head_sha="b" * 40),
+        decide(Level.P0),
+        now=now,
+        depends_on=[base.job_id],
+    )
+    assert hotfix.job_id is not None
+    await store.plan_job(hotfix.job_id, plans(20), now=now)
+    model = EtaModel(Capacity(slots=8))
+    estimates = (await standings(store.status, model, now=now)).estimates
+    first, stacked = estimates[base.job_id], estimates[hotfix.job_id]
+    assert stacked.start_in_s == pytest.approx(first.finish_in_s)
+    assert stacked.finish_in_s > first.finish_in_s

@@ -223,6 +223,36 @@ def test_p0_calls_are_never_taken_back() -> None:
     assert estimates[9].start_in_s == pytest.approx(100.0)
 
 
+def test_a_review_waiting_for_another_starts_once_that_one_ends() -> None:
+    """A hotfix stacked on a review still running 40 s starts then, not at once, however many
+    slots are free (the queue releases it only when that review ends)."""
+    eight = Capacity(slots=8, mlfq=NO_RESERVE)
+    base = JobLoad(1, Level.P0, started=True, running_s=(40.0,))
+    hotfix = JobLoad(2, Level.P0, started=False, queued=(QueuedCall(10.0, 10.0),), waits_for=(1,))
+    estimates = estimate_queue([base, hotfix], eight)
+    assert estimates[2].start_in_s == pytest.approx(40.0)
+    assert estimates[2].finish_in_s == pytest.approx(50.0)
+    # A chain waits for the whole chain; a job no longer live holds nothing.
+    on_top = JobLoad(3, Level.P1, started=False, queued=(QueuedCall(5.0, 5.0),), waits_for=(2,))
+    assert estimate_queue([base, hotfix, on_top], eight)[3].start_in_s == pytest.approx(50.0)
+    gone = replace(hotfix, waits_for=(99,))
+    assert estimate_queue([base, gone], eight)[2].start_in_s == 0.0
+    # Its calls are not played while it waits: a review behind it on one slot is not held up.
+    one = Capacity(slots=1, mlfq=NO_RESERVE)
+    queued_base = single(1, Level.P2, 40.0)
+    other = single(4, Level.P1, 20.0)
+    estimates = estimate_queue([queued_base, hotfix, other], one)
+    assert estimates[4].finish_in_s == pytest.approx(20.0)
+    assert estimates[2].start_in_s == pytest.approx(60.0)
+
+
+def test_jobs_that_wait_for_each_other_still_get_an_estimate() -> None:
+    first = JobLoad(1, Level.P1, started=False, queued=(QueuedCall(5.0, 5.0),), waits_for=(2,))
+    second = JobLoad(2, Level.P1, started=False, queued=(QueuedCall(5.0, 5.0),), waits_for=(1,))
+    estimates = estimate_queue([first, second], Capacity(slots=2, mlfq=NO_RESERVE))
+    assert [estimate.finish_in_s for estimate in estimates.values()] == [pytest.approx(5.0)] * 2
+
+
 def test_a_faster_engine_shortens_the_eta() -> None:
     jobs = [single(i, Level.P1, 10.0) for i in range(10)]
     slow = estimate_queue(jobs, Capacity(slots=2, mlfq=NO_RESERVE))

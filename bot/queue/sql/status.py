@@ -14,6 +14,7 @@ SELECT_LIVE_JOBS = statement(
            j.enqueued_at, j.total_lines, j.additions, j.deletions, j.chunks_total,
            j.chunks_done, j.reasons,
            j.request->>'web_url' AS web_url,
+           CASE WHEN j.state = 'waiting' THEN j.depends_on END AS waits_for,
            c.queued_ranks, c.queued_lines, c.running_lines, c.running_started,
            c.done_lines, c.done_calls, c.done_gpu_s,
            s.state AS status_state, s.level AS status_level, s.place AS status_place,
