@@ -299,6 +299,9 @@ async def replay_trace(
         await store.close()
     posted = sum(len(forge.posted) for forge in forges.values())
     budget_stats: dict[str, Any] | None = None
+    # The ETA is judged against the review's last chunk: the budget below is played after the
+    # run, where `bot serve`'s statuses add its wait as it binds (bot.status.standing).
+    finished_on_engines = outcomes
     if forge_budget is not None:
         # One installation's write budget decides when each review really shows on the PR.
         outcomes, budget_stats = through_budget(outcomes, forge_budget)
@@ -334,7 +337,7 @@ async def replay_trace(
             for engine in pool.engines
         }
     if eta is not None:
-        for item, outcome in zip(tracked.values(), outcomes, strict=True):
+        for item, outcome in zip(tracked.values(), finished_on_engines, strict=True):
             if outcome.finished_s is not None:
                 eta.finish(item.job_id, _at(outcome.finished_s))
         result["eta"] = eta.summary()
@@ -608,6 +611,12 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
         )
     if "eta" in result:
         print(render_eta_errors(result["eta"]))
+        if "forge_budget" in result:
+            print(
+                "(ETA against each review's last chunk: the replay plays the write budget "
+                "after the run, so its wait is not in these ETAs; bot serve's statuses add it "
+                "as it binds)"
+            )
     if "forge_budget" in result:
         print(render_forge_budget(result["forge_budget"], getattr(args, "forge_budget", "")))
     return 0
