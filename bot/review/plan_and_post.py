@@ -74,7 +74,8 @@ class ReviewPipeline:
             limit=self.plan_limit,
             estimate=estimate,
             settings=self.planning,
-            backlogged=backlogged,
+            # Without a backlog budget the answer changes nothing: the load is not read.
+            backlogged=backlogged if self.planning.backlog_line_budget is not None else None,
             scope_review=self.scope_review,
             planned=self.quiet.planned if self.quiet is not None else None,
         )
