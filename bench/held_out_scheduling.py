@@ -73,6 +73,30 @@ HELD_OUT: dict[str, tuple[str, Callable[[], Trace]]] = {
             shape_for("heavy-tail", ("file_lines_median=60", "large_max_files=300")), seed=3131
         ),
     ),
+    # Picked before their first replay to judge the 10:2 weights of P1:P2 (bot/config.py),
+    # which were chosen on the mornings above; never used to set anything.
+    "morning-1100-2718": (
+        "morning, requests=1100",
+        lambda: generate_trace(shape_for("morning", ("requests=1100",)), seed=2718),
+    ),
+    "heavy-tail-5555": (
+        "heavy-tail, large_share=0.09",
+        lambda: generate_trace(shape_for("heavy-tail", ("large_share=0.09",)), seed=5555),
+    ),
+    "peaky-8080": (
+        "morning, peak_share=0.75, peak_width_s=700 (overloaded)",
+        lambda: generate_trace(
+            shape_for("morning", ("peak_share=0.75", "peak_width_s=700")), seed=8080
+        ),
+    ),
+    "morning-4711": ("morning", lambda: generate_trace(shape_for("morning"), seed=4711)),
+    "heavy-tail-1618": ("heavy-tail", lambda: generate_trace(shape_for("heavy-tail"), seed=1618)),
+    "morning-1300-9999": (
+        "morning, peak_share=0.7, requests=1300",
+        lambda: generate_trace(
+            shape_for("morning", ("peak_share=0.7", "requests=1300")), seed=9999
+        ),
+    ),
 }
 
 
