@@ -41,62 +41,43 @@ def two_peaks(seed: int) -> Trace:
     return Trace(header=header, requests=requests, source=header.scenario)
 
 
+def _generated(
+    shape: str, *settings: str, seed: int, note: str = ""
+) -> tuple[str, Callable[[], Trace]]:
+    """A generated morning: what it is (the shape, its settings, a note) and how to make it."""
+    what = ", ".join((shape, *settings)) + (f" ({note})" if note else "")
+    return what, lambda: generate_trace(shape_for(shape, settings), seed=seed)
+
+
 HELD_OUT: dict[str, tuple[str, Callable[[], Trace]]] = {
-    "heavy-tail-4242": (
-        "heavy-tail, large_tail=0.3 (more of the large changes near 400 files)",
-        lambda: generate_trace(shape_for("heavy-tail", ("large_tail=0.3",)), seed=4242),
+    "heavy-tail-4242": _generated(
+        "heavy-tail", "large_tail=0.3", seed=4242, note="more of the large changes near 400 files"
     ),
-    "refactors-9001": (
-        "morning, refactor_share=0.07, large_share=0.1",
-        lambda: generate_trace(
-            shape_for("morning", ("refactor_share=0.07", "large_share=0.1")), seed=9001
-        ),
-    ),
+    "refactors-9001": _generated("morning", "refactor_share=0.07", "large_share=0.1", seed=9001),
     "two-peaks-777": ("two mornings of 500 in one day (seeds 777 and 778)", lambda: two_peaks(777)),
     # Added to check the 800-line chunk trial (docs/benchmarks.md), picked before their first
     # replay.
-    "cost-spread-6161": (
-        "morning, per_line_sigma=0.5, noise_sigma=0.35 (costs less predictable from lines)",
-        lambda: generate_trace(
-            shape_for("morning", ("per_line_sigma=0.5", "noise_sigma=0.35")), seed=6161
-        ),
+    "cost-spread-6161": _generated(
+        "morning",
+        "per_line_sigma=0.5",
+        "noise_sigma=0.35",
+        seed=6161,
+        note="costs less predictable from lines",
     ),
-    "wide-peak-1200": (
-        "morning, requests=1200, peak_width_s=1800",
-        lambda: generate_trace(
-            shape_for("morning", ("requests=1200", "peak_width_s=1800")), seed=1200
-        ),
-    ),
-    "big-files-3131": (
-        "heavy-tail, file_lines_median=60, large_max_files=300",
-        lambda: generate_trace(
-            shape_for("heavy-tail", ("file_lines_median=60", "large_max_files=300")), seed=3131
-        ),
+    "wide-peak-1200": _generated("morning", "requests=1200", "peak_width_s=1800", seed=1200),
+    "big-files-3131": _generated(
+        "heavy-tail", "file_lines_median=60", "large_max_files=300", seed=3131
     ),
     # Picked before their first replay to judge the 10:2 weights of P1:P2 (bot/config.py),
     # which were chosen on the mornings above; never used to set anything.
-    "morning-1100-2718": (
-        "morning, requests=1100",
-        lambda: generate_trace(shape_for("morning", ("requests=1100",)), seed=2718),
+    "morning-1100-2718": _generated("morning", "requests=1100", seed=2718),
+    "heavy-tail-5555": _generated("heavy-tail", "large_share=0.09", seed=5555),
+    "peaky-8080": _generated(
+        "morning", "peak_share=0.75", "peak_width_s=700", seed=8080, note="overloaded"
     ),
-    "heavy-tail-5555": (
-        "heavy-tail, large_share=0.09",
-        lambda: generate_trace(shape_for("heavy-tail", ("large_share=0.09",)), seed=5555),
-    ),
-    "peaky-8080": (
-        "morning, peak_share=0.75, peak_width_s=700 (overloaded)",
-        lambda: generate_trace(
-            shape_for("morning", ("peak_share=0.75", "peak_width_s=700")), seed=8080
-        ),
-    ),
-    "morning-4711": ("morning", lambda: generate_trace(shape_for("morning"), seed=4711)),
-    "heavy-tail-1618": ("heavy-tail", lambda: generate_trace(shape_for("heavy-tail"), seed=1618)),
-    "morning-1300-9999": (
-        "morning, peak_share=0.7, requests=1300",
-        lambda: generate_trace(
-            shape_for("morning", ("peak_share=0.7", "requests=1300")), seed=9999
-        ),
-    ),
+    "morning-4711": _generated("morning", seed=4711),
+    "heavy-tail-1618": _generated("heavy-tail", seed=1618),
+    "morning-1300-9999": _generated("morning", "peak_share=0.7", "requests=1300", seed=9999),
 }
 
 
