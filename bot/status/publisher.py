@@ -120,6 +120,11 @@ def previous_report(row: Any) -> tuple[StatusReport | None, datetime | None]:
     return report, row.status_published_at
 
 
+def change_name(row: Any) -> str:
+    """How people name a live job's pull or merge request: acme/api#12, group/project!12."""
+    return f"{row.repo}{'!' if row.forge == 'gitlab' else '#'}{int(row.number)}"
+
+
 class StatusPublisher:
     """Writes each review's check run or commit status when it is worth writing."""
 
@@ -249,6 +254,7 @@ class StatusPublisher:
             self.learner.promise(
                 job_id, Level(row.level), given_at=now, finish_in_s=standing.raw[job_id].finish_in_s
             )
+        names = {int(row.id): change_name(row) for row in standing.rows}
         rows = [row for row in standing.rows if row.forge in self.forges]
         result.live = len(rows)
         due: list[_Due] = []
@@ -265,7 +271,12 @@ class StatusPublisher:
                 parts_done=int(row.chunks_done or 0),
                 parts_total=int(row.chunks_total or 0),
             )
-            facts = self._facts(row, start_at=now + timedelta(seconds=estimate.start_in_s))
+            waits_for = tuple(names[i] for i in row.waits_for or () if int(i) in names)
+            facts = self._facts(
+                row,
+                start_at=now + timedelta(seconds=estimate.start_in_s),
+                waits_for=waits_for,
+            )
             self._consider(due, row, report, facts, now)
         for row in await self._owed_rows():
             if JobState(row.state) == JobState.DONE and row.finished_at is not None:

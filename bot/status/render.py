@@ -40,6 +40,8 @@ class StatusFacts:
     neutral_at: str = "major"
     slots: int | None = None
     weights: Sequence[int] | None = None
+    # The pull requests whose reviews it waits for (stacked: it starts once they are posted).
+    waits_for: tuple[str, ...] = ()
 
 
 def ordinal(number: int) -> str:
@@ -79,8 +81,15 @@ def render_status(report: StatusReport, facts: StatusFacts, *, now: datetime) ->
     eta = f"review in about {about(finish_in)}" if finish_in is not None else None
     if report.state == "queued":
         place = f"{ordinal(report.place)} in line" if report.place is not None else "in line"
+        if facts.waits_for:
+            place = f"waits for {', '.join(facts.waits_for)}"
         title = " · ".join(part for part in (level, place, eta) if part)
         lines = [f"**{title}**", "", f"**Why {level}:** {'; '.join(facts.reasons) or why}."]
+        if facts.waits_for:
+            lines.append(
+                f"**Waits for:** the review of {', '.join(facts.waits_for)}, which this pull "
+                "request is stacked on; it starts once that review is posted."
+            )
         if report.place is not None:
             lines.append(f"**Place:** {ordinal(report.place)} of the reviews not started yet.")
         start_in = _seconds_until(facts.start_at, now)

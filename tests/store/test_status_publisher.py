@@ -660,3 +660,28 @@ async def test_an_eta_that_keeps_running_long_learns_from_its_misses(
     # 0.63, itself towards 1), so 17 s is shown as 8.5 s.
     assert statuses.learner.calibration.factor(Level.P1) == pytest.approx(0.5, abs=0.01)
     assert eta_of(pull.newest.head_sha) == "review in about 10 s"
+
+
+async def test_a_stacked_review_check_run_says_what_it_waits_for(
+    store: QueueStore,
+    emulator: ForgeEmulator,
+    session: aiohttp.ClientSession,
+    clock: VirtualClock,
+    app_key: tuple[str, str],
+) -> None:
+    """A pull request stacked on another's review shows that it waits for it, and an ETA
+    after it, rather than a place in line it cannot take yet."""
+    base_pull = emulator.state.add_pull("github", REPO, 3, files=FILES, installation_id=1)
+    base = await queue_job(store, clock, base_pull, 40, 40)
+    stacked_pull = emulator.state.add_pull("github", REPO, 4, files=FILES, installation_id=1)
+    submitted = await store.submit_request(
+        request_for(stacked_pull), decide(), now=clock.now(), depends_on=[base]
+    )
+    assert submitted.state == JobState.WAITING and submitted.job_id is not None
+    await store.plan_job(submitted.job_id, plans(40), now=clock.now(), rank=[10.0])
+    statuses = publisher(store, {"github": app_client(emulator, session, clock, app_key[0])}, clock)
+    assert (await statuses.publish_once(clock.now())).written == 2
+    titles = {r["head_sha"]: r["output"]["title"] for r in check_runs(emulator)}
+    assert titles[base_pull.newest.head_sha].startswith("P1 · 1st in line · review in about ")
+    stacked = titles[stacked_pull.newest.head_sha]
+    assert stacked.startswith(f"P1 · waits for {REPO}#3 · review in about "), stacked

@@ -490,6 +490,15 @@ def test_the_queued_status_reads_level_place_eta_and_why() -> None:
     assert "8 worker slots, shared by level weights 8:4:2:1" in text.summary
 
 
+def test_a_stacked_review_says_what_it_waits_for_instead_of_its_place() -> None:
+    facts = StatusFacts(reasons=("hotfix branch",), waits_for=("acme/api#3",))
+    text = render_status(queued(1, 95), facts, now=NOW)
+    assert text.title == "P1 · waits for acme/api#3 · review in about 2 min"
+    assert "**Waits for:** the review of acme/api#3, which this pull request is stacked on" in (
+        text.summary
+    )
+
+
 def test_descriptions_fit_the_forges_limit() -> None:
     facts = StatusFacts(reasons=("x" * 500,))
     assert len(render_status(queued(3, 10), facts, now=NOW).description) <= 140
