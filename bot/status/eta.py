@@ -207,6 +207,7 @@ class _Held:
     def __init__(self, jobs: Sequence[JobLoad]) -> None:
         live = {job.job_id for job in jobs}
         self.calls_left = {job.job_id: len(job.queued) + len(job.running_s) for job in jobs}
+        self.ended = {job_id for job_id, left in self.calls_left.items() if left <= 0}
         self.waiting: dict[int, tuple[set[int], JobLoad]] = {}
         for job in jobs:
             waits_for = set(job.waits_for) & live - {job.job_id}
@@ -218,18 +219,18 @@ class _Held:
 
     def call_ended(self, job_id: int) -> None:
         self.calls_left[job_id] -= 1
+        if self.calls_left[job_id] <= 0:
+            self.ended.add(job_id)
 
     def release_ended(self, queues: _Queues, counts: _Counts, short_s: float) -> None:
         """Queue the calls of every held job whose dependencies have no call left."""
-        ended = {job_id for job_id, left in self.calls_left.items() if left <= 0}
+        # Runs after every call the dry run ends: nothing to do unless a job is held.
         while ready := [
-            job_id for job_id, (waits_for, _) in self.waiting.items() if waits_for <= ended
+            job_id for job_id, (waits_for, _) in self.waiting.items() if waits_for <= self.ended
         ]:
             for job_id in ready:
                 _, job = self.waiting.pop(job_id)
                 _enqueue(job.level, job.job_id, job.queued, queues, counts, short_s)
-                if self.calls_left[job_id] <= 0:
-                    ended.add(job_id)
 
     def release_all(self, queues: _Queues, counts: _Counts, short_s: float) -> bool:
         """Queue every held job's calls (nothing it waits for can end); whether any were held."""
