@@ -78,6 +78,17 @@ HELD_OUT: dict[str, tuple[str, Callable[[], Trace]]] = {
     "morning-4711": _generated("morning", seed=4711),
     "heavy-tail-1618": _generated("heavy-tail", seed=1618),
     "morning-1300-9999": _generated("morning", "peak_share=0.7", "requests=1300", seed=9999),
+    # Picked before their first replay to judge the backlog weights (8:16:2:1 while work
+    # queues, bot/config.py), which were chosen on the mornings above.
+    "morning-31337": _generated("morning", seed=31337),
+    "overloaded-6060": _generated("morning", "requests=1200", "peak_share=0.72", seed=6060),
+    "heavy-tail-2024": _generated("heavy-tail", seed=2024),
+    "refactors-4444": _generated("morning", "refactor_share=0.06", seed=4444),
+    "two-peaks-1357": (
+        "two mornings of 500 in one day (seeds 1357 and 1358)",
+        lambda: two_peaks(1357),
+    ),
+    "peaky-5150": _generated("morning", "peak_share=0.8", "peak_width_s=900", seed=5150),
 }
 
 

@@ -160,12 +160,25 @@ class SchedulerSettings(Section):
         "windows decide)",
         ge=1,
     )
-    # P0 never waits for a share. P1 holds most reviews and so most of the mean turnaround:
-    # P1:P2 at 10:2 instead of 6:2 brought the overloaded mornings' mean from up to 1.24x the
-    # clairvoyant bound to at most 1.16x, on six mornings none of it was tuned on, at the cost
-    # of the public morning's (1.06x to 1.11x): its large reviews wait longer (docs/benchmarks.md).
+    # P0 never waits for a share. P1 holds most reviews and so most of the mean turnaround.
+    # While the queue keeps up, P2 gets 2 slots for P1's 6: its large reviews then end sooner,
+    # and so do P1's large reviews dropped to P2 by feedback. While work queues (more ready
+    # chunks than two per slot, bot/sched/backlog.py) each P2 slot keeps many short P1 reviews
+    # waiting, so P1's share rises to 16. Against one set of 8:10:2:1 shares this took the
+    # worst of 25 mornings from 1.16x the clairvoyant bound's mean to 1.13x and the public
+    # morning from 1.11x to 1.04x (docs/benchmarks.md, "Weights").
     weights: tuple[int, int, int, int] = knob(
-        (8, 10, 2, 1), "REVIEW_BOT_WEIGHTS", "level weights P0..P3", shown="`8,10,2,1`"
+        (8, 6, 2, 1),
+        "REVIEW_BOT_WEIGHTS",
+        "level weights P0..P3 while the queue keeps up",
+        shown="`8,6,2,1`",
+    )
+    backlog_weights: tuple[int, int, int, int] = knob(
+        (8, 16, 2, 1),
+        "REVIEW_BOT_BACKLOG_WEIGHTS",
+        "level weights P0..P3 while work queues (more ready chunks than two per slot); set "
+        "them to REVIEW_BOT_WEIGHTS for one set of shares",
+        shown="`8,16,2,1`",
     )
     # GPU seconds a job may use at a level before it drops one (P3 has no quantum).
     quantum_s: tuple[float, float, float] = knob(
@@ -233,16 +246,16 @@ class SchedulerSettings(Section):
             data = {**data, "heartbeat_s": default_heartbeat_s(lease_s)}
         return data
 
-    @field_validator("weights", "quantum_s", mode="before")
+    @field_validator("weights", "backlog_weights", "quantum_s", mode="before")
     @classmethod
     def _listed(cls, raw: object, info: ValidationInfo) -> object:
         listed = _split(raw)
-        count = 4 if info.field_name == "weights" else 3
+        count = 3 if info.field_name == "quantum_s" else 4
         if isinstance(listed, list) and len(listed) != count:
             raise ValueError(f"must be {count} positive numbers")
         return listed
 
-    @field_validator("weights", "quantum_s")
+    @field_validator("weights", "backlog_weights", "quantum_s")
     @classmethod
     def _positive(cls, values: tuple[float, ...]) -> tuple[float, ...]:
         if any(value <= 0 for value in values):

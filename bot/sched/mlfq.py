@@ -9,6 +9,7 @@ from typing import Literal, NamedTuple
 
 from bot.config import DEFAULTS, SchedulerSettings
 from bot.model import LEVELS, Level
+from bot.sched.backlog import DEFAULT_BACKLOG_FACTOR, is_backlogged
 
 # fifo: one queue, one call per review; priority: levels, no time slicing; mlfq: this module.
 SchedulingPolicy = Literal["fifo", "priority", "mlfq"]
@@ -22,6 +23,10 @@ class MlfqSettings:
     """Knobs of the level choice, feedback, aging and the short-work reserve."""
 
     weights: tuple[int, int, int, int] = DEFAULTS.scheduler.weights
+    # The shares while more chunks are ready than `backlog_factor` per slot (bot/config.py
+    # says why P1's share rises then).
+    backlog_weights: tuple[int, int, int, int] = DEFAULTS.scheduler.backlog_weights
+    backlog_factor: float = DEFAULT_BACKLOG_FACTOR
     # GPU seconds a job may use at P0, P1, P2 before it drops one level (P3 is the floor).
     quantum_s: tuple[float, float, float] = DEFAULTS.scheduler.quantum_s
     aging_interval_s: float = DEFAULTS.scheduler.aging_interval_s
@@ -36,8 +41,9 @@ class MlfqSettings:
     preempt_grace_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if len(self.weights) != 4 or any(weight <= 0 for weight in self.weights):
-            raise ValueError(f"weights must be four positive numbers, got {self.weights}")
+        for name, weights in (("weights", self.weights), ("backlog_weights", self.backlog_weights)):
+            if len(weights) != 4 or any(weight <= 0 for weight in weights):
+                raise ValueError(f"{name} must be four positive numbers, got {weights}")
         if len(self.quantum_s) != 3 or any(quantum <= 0 for quantum in self.quantum_s):
             raise ValueError(f"quantum_s must be three positive numbers, got {self.quantum_s}")
         if self.aging_interval_s <= 0:
@@ -54,10 +60,18 @@ class MlfqSettings:
         """Take weights, quanta and aging from the bot's SchedulerSettings."""
         base = cls(
             weights=settings.weights,
+            backlog_weights=settings.backlog_weights,
             quantum_s=settings.quantum_s,
             aging_interval_s=settings.aging_interval_s,
         )
         return replace(base, **changes)  # type: ignore[arg-type]
+
+    def weights_for(self, ready: LevelCounts, total_slots: int) -> tuple[int, int, int, int]:
+        """The shares that apply with these ready chunks on `total_slots` slots."""
+        counts = _counts(ready)
+        if is_backlogged(dict(zip(LEVELS, counts, strict=True)), total_slots, self.backlog_factor):
+            return self.backlog_weights
+        return self.weights
 
     def quantum_for(self, level: Level) -> float:
         """GPU seconds allowed at a level before feedback; P3 has no limit."""
@@ -134,7 +148,8 @@ def choose_slot(
     """
     if free_slots <= 0:
         return None
-    levels = order_levels(running=running, ready=ready, weights=settings.weights)
+    weights = settings.weights_for(ready, total_slots)
+    levels = order_levels(running=running, ready=ready, weights=weights)
     if not levels:
         return None
     if levels[0] == Level.P0:
@@ -144,9 +159,7 @@ def choose_slot(
     if reserve > 0 and long_running >= total_slots - reserve:
         if ready_short_work is None:
             return SlotChoice(levels=levels, max_rank=settings.short_work_s, reason="reserved")
-        short_levels = order_levels(
-            running=running, ready=ready_short_work, weights=settings.weights
-        )
+        short_levels = order_levels(running=running, ready=ready_short_work, weights=weights)
         if not short_levels:
             # Lent, not kept idle: a P0 that comes takes a slot back from lower-level work
             # (the dispatcher's preemption), and short work that comes finds the next free
@@ -156,9 +169,7 @@ def choose_slot(
             levels=short_levels, max_rank=settings.short_work_s, reason="reserved for short work"
         )
     if ready_new_work is not None:
-        new_work_levels = order_levels(
-            running=running, ready=ready_new_work, weights=settings.weights
-        )
+        new_work_levels = order_levels(running=running, ready=ready_new_work, weights=weights)
         if new_work_levels:
             rest = tuple(level for level in levels if level not in new_work_levels)
             return SlotChoice(levels=new_work_levels + rest, reason="weighted share of new work")

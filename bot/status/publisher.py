@@ -352,6 +352,7 @@ class StatusPublisher:
             neutral_at=self.settings.neutral_at,
             slots=self.capacity.slots,
             weights=self.capacity.mlfq.weights,
+            backlog_weights=self.capacity.mlfq.backlog_weights,
             **known,
         )
 

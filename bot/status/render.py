@@ -40,6 +40,7 @@ class StatusFacts:
     neutral_at: str = "major"
     slots: int | None = None
     weights: Sequence[int] | None = None
+    backlog_weights: Sequence[int] | None = None  # the shares while work queues
     # The pull requests whose reviews it waits for (stacked: it starts once they are posted).
     waits_for: tuple[str, ...] = ()
 
@@ -112,13 +113,20 @@ def render_status(report: StatusReport, facts: StatusFacts, *, now: datetime) ->
 
 def _method(facts: StatusFacts, level: str) -> str:
     engines = f"{facts.slots} worker slots" if facts.slots else "the worker slots"
-    weights = ":".join(str(weight) for weight in facts.weights) if facts.weights else None
+    weights = _ratio(facts.weights)
     shares = f", shared by level weights {weights}" if weights else ""
+    backlog = _ratio(facts.backlog_weights)
+    if weights and backlog and backlog != weights:
+        shares += f" ({backlog} while work queues)"
     return (
         f"_Estimated from the work queued ahead at {level} and above, {engines}{shares}, and "
         "the expected length of each review from its changed lines; work that arrives later "
         "at a higher level can move it._"
     )
+
+
+def _ratio(weights: Sequence[int] | None) -> str | None:
+    return ":".join(str(weight) for weight in weights) if weights else None
 
 
 def _completed(report: StatusReport, facts: StatusFacts) -> StatusText:

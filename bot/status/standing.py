@@ -119,6 +119,8 @@ def model_from_json(stored: Mapping[str, Any]) -> EtaModel:
     """A model back from `eta_model.model`; raises ValueError/KeyError/TypeError if malformed."""
     mlfq = dict(stored["mlfq"])
     mlfq["weights"] = tuple(mlfq["weights"])
+    if "backlog_weights" in mlfq:  # a model kept before there were backlog shares has none
+        mlfq["backlog_weights"] = tuple(mlfq["backlog_weights"])
     mlfq["quantum_s"] = tuple(mlfq["quantum_s"])
     capacity = Capacity(
         slots=int(stored["slots"]), mlfq=MlfqSettings(**mlfq), speed=float(stored["speed"])

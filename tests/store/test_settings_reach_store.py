@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bot.clock import VirtualClock
 from bot.components import (
     command_worker_settings,
@@ -12,6 +14,7 @@ from bot.components import (
 )
 from bot.config import Settings, load_settings
 from bot.engine_setup import served_budget
+from bot.errors import ConfigError
 from bot.model import LEVELS, JobState, Level
 from bot.sched.dispatcher import DispatcherSettings
 from bot.serve import open_store
@@ -65,6 +68,20 @@ def test_learned_costs_reach_the_dispatcher_settings() -> None:
 
     assert not dispatching({}).learned_costs
     assert dispatching({"REVIEW_BOT_LEARNED_COSTS": "true"}).learned_costs
+
+
+def test_both_sets_of_level_weights_reach_the_dispatcher() -> None:
+    def shares(environment: dict[str, str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        mlfq = dispatcher_settings(_settings(environment), owner="d").mlfq
+        return mlfq.weights, mlfq.backlog_weights
+
+    assert shares({}) == ((8, 6, 2, 1), (8, 16, 2, 1))
+    assert shares({"REVIEW_BOT_WEIGHTS": "9,3,2,1", "REVIEW_BOT_BACKLOG_WEIGHTS": "9,3,2,1"}) == (
+        (9, 3, 2, 1),
+        (9, 3, 2, 1),
+    )
+    with pytest.raises(ConfigError, match="REVIEW_BOT_BACKLOG_WEIGHTS"):
+        _settings({"REVIEW_BOT_BACKLOG_WEIGHTS": "8,16,2"})
 
 
 async def test_the_backlog_chunk_size_reaches_planning_and_the_dispatcher() -> None:

@@ -43,6 +43,27 @@ def test_weights_share_slots_among_levels_with_ready_work() -> None:
     assert levels == (Level.P2, Level.P1)
 
 
+def test_p1s_share_rises_while_work_queues() -> None:
+    settings = MlfqSettings(weights=(8, 6, 2, 1), backlog_weights=(8, 16, 2, 1), reserved_slots=0)
+    # 12 slots, P1 runs 8 and P2 runs 2: 8/6 > 2/2, so P2 is below its share while the queue
+    # keeps up; 8/16 < 2/2 while more than two chunks per slot are ready.
+    keeping_up = choose_slot(running=[0, 8, 2, 0], ready=[0, 10, 10, 0], free_slots=1,
+                             total_slots=12, settings=settings)  # fmt: skip
+    queued = choose_slot(running=[0, 8, 2, 0], ready=[0, 15, 10, 0], free_slots=1,
+                         total_slots=12, settings=settings)  # fmt: skip
+    assert keeping_up is not None and keeping_up.level == Level.P2
+    assert queued is not None and queued.level == Level.P1
+    assert settings.weights_for([0, 12, 12, 0], 12) == (8, 6, 2, 1)
+    assert settings.weights_for([0, 13, 12, 0], 12) == (8, 16, 2, 1)
+
+
+def test_one_set_of_shares_when_the_backlog_weights_equal_the_weights() -> None:
+    settings = MlfqSettings(weights=(8, 6, 2, 1), backlog_weights=(8, 6, 2, 1), reserved_slots=0)
+    queued = choose_slot(running=[0, 8, 2, 0], ready=[0, 15, 10, 0], free_slots=1,
+                         total_slots=12, settings=settings)  # fmt: skip
+    assert queued is not None and queued.level == Level.P2
+
+
 def test_an_empty_level_gives_its_share_away() -> None:
     choice = choose_slot(
         running=[0, 7, 0, 0], ready=[0, 3, 0, 0], free_slots=1, total_slots=8, settings=SETTINGS
@@ -126,12 +147,18 @@ def test_feedback_drops_one_level_after_the_quantum() -> None:
 def test_settings_validate_and_come_from_the_bot_settings() -> None:
     with pytest.raises(ValueError, match="weights"):
         MlfqSettings(weights=(1, 0, 1, 1))
+    with pytest.raises(ValueError, match="backlog_weights"):
+        MlfqSettings(backlog_weights=(1, 1, 1))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quantum"):
         MlfqSettings(quantum_s=(1.0, 2.0))  # type: ignore[arg-type]
     settings = MlfqSettings.from_scheduler_settings(
-        SchedulerSettings(weights=(9, 3, 2, 1), aging_interval_s=60.0), reserved_slots=2
+        SchedulerSettings(
+            weights=(9, 3, 2, 1), backlog_weights=(9, 12, 2, 1), aging_interval_s=60.0
+        ),
+        reserved_slots=2,
     )
     assert settings.weights == (9, 3, 2, 1) and settings.aging_interval_s == 60.0
+    assert settings.backlog_weights == (9, 12, 2, 1)
     assert settings.reserved_slots == 2
 
 

@@ -487,7 +487,9 @@ def test_the_queued_status_reads_level_place_eta_and_why() -> None:
     )
     assert "**Why P1:** ordinary pull request." in text.summary
     assert "Expected start:** in about 10 s" in text.summary
-    assert "8 worker slots, shared by level weights 8:4:2:1" in text.summary
+    assert "8 worker slots, shared by level weights 8:4:2:1," in text.summary
+    queued_up = render_status(report, replace(facts, backlog_weights=(8, 16, 2, 1)), now=NOW)
+    assert "level weights 8:4:2:1 (8:16:2:1 while work queues)" in queued_up.summary
 
 
 def test_a_stacked_review_says_what_it_waits_for_instead_of_its_place() -> None:
@@ -544,7 +546,13 @@ def test_the_hourly_budget_comes_from_the_environment() -> None:
 def test_the_publishers_model_survives_its_trip_through_the_database_row() -> None:
     estimator = ServiceEstimator.with_prior().observe(chunk_lines=40, job_lines=80, gpu_seconds=9)
     model = EtaModel(
-        Capacity(slots=6, mlfq=MlfqSettings(weights=(9, 3, 2, 1), reserved_slots=2), speed=1.5),
+        Capacity(
+            slots=6,
+            mlfq=MlfqSettings(
+                weights=(9, 3, 2, 1), backlog_weights=(9, 12, 2, 1), reserved_slots=2
+            ),
+            speed=1.5,
+        ),
         estimator,
         learn_calibration([EtaSample(Level.P2, 10.0, 30.0)] * 20),
     )
