@@ -66,12 +66,17 @@ class MlfqSettings:
         )
         return replace(base, **changes)  # type: ignore[arg-type]
 
+    def backlogged(self, ready: LevelCounts, total_slots: int) -> bool:
+        """Whether these ready chunks queue beyond `total_slots` slots: the one test behind
+        the backlog's shares and the backlog's larger chunks."""
+        counts = _counts(ready)
+        return is_backlogged(
+            dict(zip(LEVELS, counts, strict=True)), total_slots, self.backlog_factor
+        )
+
     def weights_for(self, ready: LevelCounts, total_slots: int) -> tuple[int, int, int, int]:
         """The shares that apply with these ready chunks on `total_slots` slots."""
-        counts = _counts(ready)
-        if is_backlogged(dict(zip(LEVELS, counts, strict=True)), total_slots, self.backlog_factor):
-            return self.backlog_weights
-        return self.weights
+        return self.backlog_weights if self.backlogged(ready, total_slots) else self.weights
 
     def quantum_for(self, level: Level) -> float:
         """GPU seconds allowed at a level before feedback; P3 has no limit."""

@@ -16,7 +16,6 @@ from bot.llm.base import CallProgress, LLMBackend, ProgressSource, ReportsProgre
 from bot.model import LEVELS, JobState, Level
 from bot.obs.metrics import Metrics
 from bot.queue.store import ChunkOutcome, Leased, QueueStore
-from bot.sched.backlog import DEFAULT_BACKLOG_FACTOR, is_backlogged
 from bot.sched.cost import CostEstimate
 from bot.sched.cost_book import CostBook
 from bot.sched.engine_pool import EnginePool
@@ -70,9 +69,9 @@ class DispatcherSettings:
     # measured it lowers mean turnaround by 0-3% (bench/results/learned_estimate.md), and on
     # the sharp-peak test trace it misses the 0.40x-FIFO target by 0.3 s.
     learned_costs: bool = DEFAULTS.scheduler.learned_costs
-    # mlfq: more ready chunks than this per slot is a backlog, and planning cuts larger chunks
-    # (bot.sched.backlog); None never looks.
-    backlog_factor: float | None = DEFAULT_BACKLOG_FACTOR
+    # mlfq: planning cuts larger chunks while work queues (`mlfq.backlogged`); False never
+    # looks (REVIEW_BOT_BACKLOG_CHUNK_LINES=0).
+    backlog_chunks: bool = True
 
     @classmethod
     def from_scheduler(
@@ -95,7 +94,7 @@ class DispatcherSettings:
             shutdown_grace_s=settings.shutdown_grace_s,
             mlfq=MlfqSettings.from_scheduler_settings(settings),
             learned_costs=settings.learned_costs,
-            backlog_factor=DEFAULT_BACKLOG_FACTOR if settings.backlog_chunk_lines else None,
+            backlog_chunks=bool(settings.backlog_chunk_lines),
         )
 
 
@@ -208,11 +207,10 @@ class DispatcherCore:
     async def _backlogged(self, now: datetime) -> bool:
         """Whether ready work queues beyond the slots now (read from the database, so the
         chunks other dispatchers run count too; only when a job is there to plan)."""
-        factor = self.settings.backlog_factor
-        if self.settings.policy != "mlfq" or factor is None:
+        if self.settings.policy != "mlfq" or not self.settings.backlog_chunks:
             return False
         load = await self._read_load(now)
-        return is_backlogged(load.ready, self.total_slots, factor)
+        return self.settings.mlfq.backlogged(load.ready, self.total_slots)
 
     @property
     def learns_costs(self) -> bool:

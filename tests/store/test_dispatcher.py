@@ -355,7 +355,7 @@ async def test_reviews_planned_while_work_queues_are_cut_in_larger_chunks(db_url
         policies=None,
         backend=SimulatedBackend(overhead_s=3.0, seconds_per_line=0.01),
         clock=SystemClock(),
-        dispatcher=DispatcherSettings(owner="d1", slots=1, backlog_factor=2.0),
+        dispatcher=DispatcherSettings(owner="d1", slots=1),
         planning=PlanningSettings(line_budget=40, first_budget=None, backlog_line_budget=80),
     )
     try:

@@ -85,10 +85,10 @@ def test_both_sets_of_level_weights_reach_the_dispatcher() -> None:
 
 
 async def test_the_backlog_chunk_size_reaches_planning_and_the_dispatcher() -> None:
-    assert dispatcher_settings(_settings({}), owner="d").backlog_factor == 2.0
+    assert dispatcher_settings(_settings({}), owner="d").backlog_chunks
     assert (await served_budget(_settings({}))).backlog_line_budget == 800
     off = _settings({"REVIEW_BOT_BACKLOG_CHUNK_LINES": "0"})
-    assert dispatcher_settings(off, owner="d").backlog_factor is None
+    assert not dispatcher_settings(off, owner="d").backlog_chunks
     budget = await served_budget(off)
     assert budget.backlog_line_budget is None
     planning = planning_settings(
