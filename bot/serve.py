@@ -50,14 +50,21 @@ Role = Literal["web", "dispatcher", "all"]
 
 
 def status_publisher(
-    settings: Settings, store: QueueStore, forges: ForgeRegistry, dispatcher: Dispatcher
+    settings: Settings, store: QueueStore, forges: ForgeRegistry, pipeline: Pipeline
 ) -> StatusPublisher:
-    """The check run / commit status publisher, estimating with this dispatcher's slots."""
+    """The check run / commit status publisher, estimating with this dispatcher's slots and
+    its planner's chunk sizes."""
+    dispatcher = pipeline.dispatcher
     return StatusPublisher(
         store.status,
         forges,
         clock=dispatcher.clock,
-        capacity=Capacity(slots=dispatcher.total_slots, mlfq=dispatcher.settings.mlfq),
+        capacity=Capacity(
+            slots=dispatcher.total_slots,
+            mlfq=dispatcher.settings.mlfq,
+            line_budget=pipeline.planning.line_budget,
+            first_budget=pipeline.planning.first_budget,
+        ),
         estimator=lambda: dispatcher.estimator,
         settings=status_settings(settings),
         # The ETA includes the wait for the write budget the forge clients spend from.
@@ -260,9 +267,7 @@ class RoleParts:
         """Check runs and commit statuses; it stops after the drain, so the statuses of
         what finished during the grace are written."""
         stop = asyncio.Event()
-        publisher = status_publisher(
-            self.settings, self.store, self.forges, self._pipeline().dispatcher
-        )
+        publisher = status_publisher(self.settings, self.store, self.forges, self._pipeline())
         task = process.start_loop(
             publisher.run(stop, database_url=self.settings.database.url), name="status-publisher"
         )

@@ -206,7 +206,12 @@ async def replay_trace(
     if record_eta:
         eta = EtaRecorder(
             store.status,
-            capacity=Capacity(slots=slots, mlfq=dispatcher.settings.mlfq),
+            capacity=Capacity(
+                slots=slots,
+                mlfq=dispatcher.settings.mlfq,
+                line_budget=pipeline.planning.line_budget,
+                first_budget=pipeline.planning.first_budget,
+            ),
             estimator=lambda: dispatcher.estimator,
         )
     events: list[tuple[float, int, int, Any]] = []

@@ -83,7 +83,9 @@ class EtaRecorder:
         if not any(int(row.id) not in self.promises for row in rows):
             return 0
         estimator = self.estimator()
-        arrivals = await fetch_arrivals(self.records, estimator=estimator, now=now)
+        arrivals = await fetch_arrivals(
+            self.records, estimator=estimator, now=now, capacity=self.capacity
+        )
         raw = estimate_rows(
             rows, capacity=self.capacity, estimator=estimator, now=now, arrivals=arrivals
         )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from bot.model import LEVELS, Level
+from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET
 from bot.sched.mlfq import (
     CONTINUATION_RANK_OFFSET,
     MlfqSettings,
@@ -57,17 +58,24 @@ class JobLoad:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """The engines: how many calls run at once, how fast, and the scheduler's knobs."""
+    """The engines: how many calls run at once, how fast, the scheduler's knobs, and how the
+    planner cuts reviews into calls."""
 
     slots: int
     mlfq: MlfqSettings = field(default_factory=MlfqSettings)
     speed: float = 1.0  # expected seconds of work one slot does per second
+    # How the planner cuts a review (its served budgets): a review not planned yet, and the
+    # stream still to come, are played cut the same way.
+    line_budget: int = DEFAULT_LINE_BUDGET
+    first_budget: int | None = DEFAULT_FIRST_BUDGET
 
     def __post_init__(self) -> None:
         if self.slots < 1:
             raise ValueError("slots must be at least 1")
         if self.speed <= 0:
             raise ValueError("speed must be positive")
+        if self.line_budget < 1 or (self.first_budget is not None and self.first_budget < 1):
+            raise ValueError("chunk budgets must be at least one line")
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,10 +46,20 @@ def call_seconds(
     return expected_chunk_s(chunk_lines=lines, job_lines=total_lines, estimator=estimator)
 
 
-def job_load(calls: LiveCalls, *, estimator: ServiceEstimator, now: datetime) -> JobLoad:
-    """The dry run's view of a job: planned calls as stored, an unplanned one as it will be cut."""
+def job_load(
+    calls: LiveCalls,
+    *,
+    estimator: ServiceEstimator,
+    now: datetime,
+    line_budget: int = DEFAULT_LINE_BUDGET,
+    first_budget: int | None = DEFAULT_FIRST_BUDGET,
+) -> JobLoad:
+    """The dry run's view of a job: planned calls as stored, an unplanned one as it will be cut
+    (at the planner's `line_budget`, its first call at `first_budget`)."""
     if not calls.planned:
-        return _unplanned(calls, estimator=estimator)
+        return _unplanned(
+            calls, estimator=estimator, line_budget=line_budget, first_budget=first_budget
+        )
     total = max(1, calls.total_lines)
     queued = tuple(
         QueuedCall(rank, call_seconds(lines, calls=calls, estimator=estimator, total_lines=total))
@@ -71,16 +81,25 @@ def job_load(calls: LiveCalls, *, estimator: ServiceEstimator, now: datetime) ->
     )
 
 
-def _unplanned(calls: LiveCalls, *, estimator: ServiceEstimator) -> JobLoad:
+def unplanned_sizes(lines: int, *, line_budget: int, first_budget: int | None) -> list[int]:
+    """Lines per call of a review of `lines` as the chunker will cut it: one call when it fits,
+    else a small first call, then the rest in even calls of at most `line_budget` (pure)."""
+    if lines <= line_budget:
+        return [lines]
+    first = min(first_budget, lines) if first_budget is not None else 0
+    if first >= line_budget:
+        first = 0
+    rest = lines - first
+    count = math.ceil(rest / line_budget)
+    return ([first] if first else []) + [math.ceil(rest / count)] * count
+
+
+def _unplanned(
+    calls: LiveCalls, *, estimator: ServiceEstimator, line_budget: int, first_budget: int | None
+) -> JobLoad:
     """Cut an unplanned job the way the chunker will: a small first call, then full ones."""
     lines = calls.request_lines if calls.request_lines else UNKNOWN_SIZE_LINES
-    if lines <= DEFAULT_LINE_BUDGET:
-        sizes = [lines]
-    else:
-        first = min(DEFAULT_FIRST_BUDGET, lines)
-        rest = lines - first
-        count = math.ceil(rest / DEFAULT_LINE_BUDGET)
-        sizes = [first] + [math.ceil(rest / count)] * count
+    sizes = unplanned_sizes(lines, line_budget=line_budget, first_budget=first_budget)
     seconds = [
         expected_chunk_s(chunk_lines=size, job_lines=lines, estimator=estimator) for size in sizes
     ]
@@ -104,6 +123,8 @@ def arrivals_of(
     *,
     window_s: float = ARRIVALS_WINDOW_S,
     estimator: ServiceEstimator,
+    line_budget: int = DEFAULT_LINE_BUDGET,
+    first_budget: int | None = DEFAULT_FIRST_BUDGET,
 ) -> Arrivals | None:
     """The stream the last `window_s` brought (each review's level and size), as a dry run
     plays it on for as long again: per level with at least MIN_ARRIVALS reviews, one of the
@@ -122,9 +143,18 @@ def arrivals_of(
             job_id=0, level=level, started=False, planned=False, total_lines=0,
             request_lines=typical,
         )  # fmt: skip
-        calls[level] = _unplanned(unplanned, estimator=estimator).queued
+        calls[level] = _unplanned(
+            unplanned, estimator=estimator, line_budget=line_budget, first_budget=first_budget
+        ).queued
     # The stream is assumed to go on only as long as it was watched: a burst ends.
     return Arrivals(every, calls, horizon_s=window_s) if every else None
 
 
-__all__ = ["UNKNOWN_SIZE_LINES", "LiveCalls", "arrivals_of", "call_seconds", "job_load"]
+__all__ = [
+    "UNKNOWN_SIZE_LINES",
+    "LiveCalls",
+    "arrivals_of",
+    "call_seconds",
+    "job_load",
+    "unplanned_sizes",
+]

@@ -19,6 +19,7 @@ from bot.budget.ledger import DEFAULT_LIMITS
 from bot.budget.model import posting_waits
 from bot.model import LEVELS, Level
 from bot.queue.status import StatusRecords
+from bot.review.chunking import DEFAULT_FIRST_BUDGET, DEFAULT_LINE_BUDGET
 from bot.sched.mlfq import MlfqSettings, ServiceEstimator
 from bot.status.calibrate import Calibration
 from bot.status.eta import Arrivals, Capacity, Estimate, estimate_queue
@@ -55,13 +56,19 @@ def live_calls(row: Any) -> LiveCalls:
 
 
 async def fetch_arrivals(
-    records: StatusRecords, *, estimator: ServiceEstimator, now: datetime
+    records: StatusRecords, *, estimator: ServiceEstimator, now: datetime, capacity: Capacity
 ) -> Arrivals | None:
-    """The stream of reviews of the last ARRIVALS_WINDOW_S, as the ETA expects more of it."""
+    """The stream of reviews of the last ARRIVALS_WINDOW_S, as the ETA expects more of it
+    (each review cut into calls as `capacity` says the planner cuts)."""
     since = now - timedelta(seconds=ARRIVALS_WINDOW_S)
     rows = await records.recent_arrivals(since=since, now=now)
     recent = [(Level(row.level), None if row.lines is None else int(row.lines)) for row in rows]
-    return arrivals_of(recent, estimator=estimator)
+    return arrivals_of(
+        recent,
+        estimator=estimator,
+        line_budget=capacity.line_budget,
+        first_budget=capacity.first_budget,
+    )
 
 
 def estimate_rows(
@@ -76,7 +83,16 @@ def estimate_rows(
     """Place, start and end of every live job in `rows`: the dry run's (with the work expected
     to arrive meanwhile, `arrivals`), scaled by what the ETA learnt of its misses per level
     (`calibration`) when given."""
-    loads = [job_load(live_calls(row), estimator=estimator, now=now) for row in rows]
+    loads = [
+        job_load(
+            live_calls(row),
+            estimator=estimator,
+            now=now,
+            line_budget=capacity.line_budget,
+            first_budget=capacity.first_budget,
+        )
+        for row in rows
+    ]
     estimates = estimate_queue(loads, capacity, arrivals)
     if calibration is None:
         return estimates
@@ -108,6 +124,8 @@ def model_to_json(model: EtaModel) -> dict[str, Any]:
     return {
         "slots": model.capacity.slots,
         "speed": model.capacity.speed,
+        "line_budget": model.capacity.line_budget,
+        "first_budget": model.capacity.first_budget,
         "mlfq": asdict(model.capacity.mlfq),
         "estimator": asdict(model.estimator),
         "factors": {str(level): model.calibration.factor(level) for level in LEVELS},
@@ -122,8 +140,14 @@ def model_from_json(stored: Mapping[str, Any]) -> EtaModel:
     if "backlog_weights" in mlfq:  # a model kept before there were backlog shares has none
         mlfq["backlog_weights"] = tuple(mlfq["backlog_weights"])
     mlfq["quantum_s"] = tuple(mlfq["quantum_s"])
+    # A model kept before it knew the planner's budgets reads back with the defaults.
+    first_budget = stored.get("first_budget", DEFAULT_FIRST_BUDGET)
     capacity = Capacity(
-        slots=int(stored["slots"]), mlfq=MlfqSettings(**mlfq), speed=float(stored["speed"])
+        slots=int(stored["slots"]),
+        mlfq=MlfqSettings(**mlfq),
+        speed=float(stored["speed"]),
+        line_budget=int(stored.get("line_budget", DEFAULT_LINE_BUDGET)),
+        first_budget=None if first_budget is None else int(first_budget),
     )
     estimator = ServiceEstimator(
         **{key: float(value) for key, value in stored["estimator"].items()}
@@ -150,7 +174,9 @@ class Standings:
 async def standings(records: StatusRecords, model: EtaModel, *, now: datetime) -> Standings:
     """Place, start and end of every live review, as its status says them."""
     rows = await records.live_jobs()
-    arrivals = await fetch_arrivals(records, estimator=model.estimator, now=now)
+    arrivals = await fetch_arrivals(
+        records, estimator=model.estimator, now=now, capacity=model.capacity
+    )
     raw = estimate_rows(
         rows, capacity=model.capacity, estimator=model.estimator, now=now, arrivals=arrivals
     )

@@ -29,7 +29,7 @@ from bot.status.decide import (
     updates_left,
 )
 from bot.status.eta import Arrivals, Capacity, JobLoad, QueuedCall, estimate_queue
-from bot.status.load import arrivals_of
+from bot.status.load import LiveCalls, arrivals_of, job_load, unplanned_sizes
 from bot.status.render import StatusFacts, about, ordinal, render_status
 from bot.status.standing import EtaModel, model_from_json, model_to_json
 
@@ -115,6 +115,27 @@ def test_the_stream_is_read_from_the_recent_window_and_played_as_long_again() ->
     assert stream.horizon_s == 900.0
     assert [call.seconds for call in stream.calls[Level.P1]] == [pytest.approx(17.0)]
     assert arrivals_of([(Level.P1, 40)] * 2, estimator=estimator) is None
+
+
+def test_a_review_not_planned_yet_is_cut_as_the_planner_cuts() -> None:
+    assert unplanned_sizes(300, line_budget=400, first_budget=100) == [300]
+    assert unplanned_sizes(900, line_budget=400, first_budget=100) == [100, 400, 400]
+    # A served model with a small context: chunks of 108 lines, the first of 100.
+    assert unplanned_sizes(300, line_budget=108, first_budget=100) == [100, 100, 100]
+    assert unplanned_sizes(300, line_budget=108, first_budget=None) == [100, 100, 100]
+    assert unplanned_sizes(250, line_budget=100, first_budget=100) == [84, 84, 84]
+    calls = LiveCalls(job_id=7, level=Level.P1, started=False, planned=False, total_lines=0,
+                      request_lines=300)  # fmt: skip
+    estimator = ServiceEstimator.with_prior()
+    default = job_load(calls, estimator=estimator, now=NOW)
+    small = job_load(calls, estimator=estimator, now=NOW, line_budget=108)
+    assert len(default.queued) == 1 and len(small.queued) == 3
+    # Three calls pay the overhead three times: the small-context review is expected longer.
+    assert sum(c.seconds for c in small.queued) == pytest.approx(
+        sum(c.seconds for c in default.queued) + 2 * estimator.overhead_s
+    )
+    stream = arrivals_of([(Level.P1, 300)] * 3, estimator=estimator, line_budget=108)
+    assert stream is not None and len(stream.calls[Level.P1]) == 3
 
 
 def test_the_eta_learns_a_factor_per_level_from_its_misses() -> None:
@@ -552,6 +573,8 @@ def test_the_publishers_model_survives_its_trip_through_the_database_row() -> No
                 weights=(9, 3, 2, 1), backlog_weights=(9, 12, 2, 1), reserved_slots=2
             ),
             speed=1.5,
+            line_budget=108,
+            first_budget=None,
         ),
         estimator,
         learn_calibration([EtaSample(Level.P2, 10.0, 30.0)] * 20),
