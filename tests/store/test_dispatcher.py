@@ -21,7 +21,7 @@ from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.mlfq import MlfqSettings
 from bot.sim.forge import added_lines_patch
 from tests.support.factories import decide, make_request
-from tests.support.memory_forge import FORGES, FORTY_LINE_CHUNKS, add_change
+from tests.support.memory_forge import FORGES, FORTY_LINE_CHUNKS, add_change, simulated_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -349,12 +349,8 @@ async def test_reviews_planned_while_work_queues_are_cut_in_larger_chunks(db_url
     """Chunks follow the backlog: 40-line chunks while the one slot has little waiting, 80
     once more than two chunks per slot are ready (bot.sched.backlog), except a hotfix's."""
     store = QueueStore.from_url(db_url)
-    pipeline = build_pipeline(
+    pipeline = simulated_pipeline(
         store,
-        forges=FORGES,
-        policies=None,
-        backend=SimulatedBackend(overhead_s=3.0, seconds_per_line=0.01),
-        clock=SystemClock(),
         dispatcher=DispatcherSettings(owner="d1", slots=1),
         planning=PlanningSettings(line_budget=40, first_budget=None, backlog_line_budget=80),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.clock import SystemClock, VirtualClock
+from bot.clock import VirtualClock
 from bot.components import (
     command_worker_settings,
     dispatcher_settings,
@@ -15,15 +15,13 @@ from bot.components import (
 from bot.config import Settings, load_settings
 from bot.engine_setup import served_budget
 from bot.errors import ConfigError
-from bot.llm.simulated import SimulatedBackend
 from bot.model import LEVELS, JobState, Level
-from bot.pipeline import build_pipeline
 from bot.queue.store import QueueStore
 from bot.review.planner import PlanningSettings
 from bot.sched.dispatcher import DispatcherSettings
 from bot.serve import open_store, status_publisher
 from tests.support.factories import decide, make_request, plans
-from tests.support.memory_forge import FORGES
+from tests.support.memory_forge import FORGES, simulated_pipeline
 
 
 async def test_max_attempts_and_chunk_backoff_reach_the_store(db_url: str) -> None:
@@ -137,12 +135,8 @@ async def test_the_status_eta_cuts_unplanned_reviews_at_the_planners_budget(db_u
     (a small-context model: chunks of 108 lines), not at the default 400."""
     settings = _settings({})
     store = QueueStore.from_url(db_url)
-    pipeline = build_pipeline(
+    pipeline = simulated_pipeline(
         store,
-        forges=FORGES,
-        policies=None,
-        backend=SimulatedBackend(overhead_s=3.0, seconds_per_line=0.01),
-        clock=SystemClock(),
         dispatcher=DispatcherSettings(owner="d1", slots=2),
         planning=PlanningSettings(line_budget=108, first_budget=100),
     )
