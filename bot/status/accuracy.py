@@ -15,9 +15,9 @@ from bot.model import LEVELS, JobState, Level
 from bot.queue.status import StatusRecords
 from bot.sched.mlfq import ServiceEstimator
 from bot.stats import percentile
-from bot.status.calibrate import EtaLearner
+from bot.status.calibrate import Calibration, EtaLearner
 from bot.status.eta import Capacity
-from bot.status.standing import calibrated, estimate_rows, fetch_arrivals
+from bot.status.standing import EtaModel, standings
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,31 +77,34 @@ class EtaRecorder:
         self.finished: dict[int, datetime] = {}
 
     async def observe(self, now: datetime) -> int:
-        """Give every review not seen before its ETA, as the status would show it; how many."""
+        """Give every review not seen before its ETA, as the status would show it; how many.
+
+        The same `standings` the status publisher and `/review status` read, with no write
+        budget: the replay plays the budget after the run, so a promise is judged against the
+        review's last chunk."""
         await self._learn()
         rows = await self.records.live_jobs()
         if not any(int(row.id) not in self.promises for row in rows):
             return 0
-        estimator = self.estimator()
-        arrivals = await fetch_arrivals(
-            self.records, estimator=estimator, now=now, capacity=self.capacity
-        )
-        raw = estimate_rows(
-            rows, capacity=self.capacity, estimator=estimator, now=now, arrivals=arrivals
-        )
+        calibration = self.learner.calibration if self.learner is not None else Calibration()
+        model = EtaModel(self.capacity, self.estimator(), calibration, budget={})
+        standing = await standings(self.records, model, now=now, rows=rows)
         new = 0
         for row in rows:
             job_id = int(row.id)
             if job_id in self.promises:
                 continue
-            estimate = raw[job_id]
             if self.learner is not None:
+                # The learner learns from the dry run's own promise, as the publisher's does.
                 self.learner.promise(
-                    job_id, Level(row.level), given_at=now, finish_in_s=estimate.finish_in_s
+                    job_id,
+                    Level(row.level),
+                    given_at=now,
+                    finish_in_s=standing.raw[job_id].finish_in_s,
                 )
-                estimate = calibrated(estimate, self.learner.calibration)
+            shown = standing.estimates[job_id]
             self.promises[job_id] = Promise(
-                Level(row.level), now, now + timedelta(seconds=estimate.finish_in_s)
+                Level(row.level), now, now + timedelta(seconds=shown.finish_in_s)
             )
             new += 1
         return new

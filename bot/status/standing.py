@@ -171,9 +171,13 @@ class Standings:
     estimates: Mapping[int, Estimate]  # as shown: scaled by the learnt factors
 
 
-async def standings(records: StatusRecords, model: EtaModel, *, now: datetime) -> Standings:
-    """Place, start and end of every live review, as its status says them."""
-    rows = await records.live_jobs()
+async def standings(
+    records: StatusRecords, model: EtaModel, *, now: datetime, rows: Sequence[Any] | None = None
+) -> Standings:
+    """Place, start and end of every live review, as its status says them (`rows`: the live
+    jobs when already read). A model with no write budget adds no posting wait."""
+    if rows is None:
+        rows = await records.live_jobs()
     arrivals = await fetch_arrivals(
         records, estimator=model.estimator, now=now, capacity=model.capacity
     )
@@ -181,6 +185,8 @@ async def standings(records: StatusRecords, model: EtaModel, *, now: datetime) -
         rows, capacity=model.capacity, estimator=model.estimator, now=now, arrivals=arrivals
     )
     shown = {job_id: calibrated(estimate, model.calibration) for job_id, estimate in raw.items()}
+    if not model.budget:
+        return Standings(rows, raw, shown)
     since = now - timedelta(seconds=max(limits.horizon_s for limits in model.budget.values()))
     writes = await records.recent_writes(since=since)
     spent: dict[str, list[float]] = {}
