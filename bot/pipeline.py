@@ -22,6 +22,7 @@ from bot.sched.dispatcher import Dispatcher, DispatcherSettings
 from bot.sched.engine_pool import EnginePool
 from bot.sched.mlfq import ServiceEstimator
 from bot.sched.ports import ChunkPreempted
+from bot.status.eta import Capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,16 @@ class Pipeline:
     reviews: ReviewPipeline
     dispatcher: Dispatcher
     planning: PlanningSettings
+
+    def eta_capacity(self) -> Capacity:
+        """What the status ETA plays this pipeline with: the dispatcher's slots and knobs,
+        and the chunk sizes its planner cuts."""
+        return Capacity(
+            slots=self.dispatcher.total_slots,
+            mlfq=self.dispatcher.settings.mlfq,
+            line_budget=self.planning.line_budget,
+            first_budget=self.planning.first_budget,
+        )
 
 
 def build_pipeline(

@@ -41,7 +41,6 @@ from bot.policy import PolicyBook, load_policy_book
 from bot.queue.store import QueueStore
 from bot.review.plan_and_post import ReviewPipeline
 from bot.sched.dispatcher import Dispatcher, DispatcherSettings
-from bot.status.eta import Capacity
 from bot.status.publisher import StatusPublisher
 
 log = logging.getLogger(__name__)
@@ -59,12 +58,7 @@ def status_publisher(
         store.status,
         forges,
         clock=dispatcher.clock,
-        capacity=Capacity(
-            slots=dispatcher.total_slots,
-            mlfq=dispatcher.settings.mlfq,
-            line_budget=pipeline.planning.line_budget,
-            first_budget=pipeline.planning.first_budget,
-        ),
+        capacity=pipeline.eta_capacity(),
         estimator=lambda: dispatcher.estimator,
         settings=status_settings(settings),
         # The ETA includes the wait for the write budget the forge clients spend from.

@@ -45,7 +45,6 @@ from bot.sim.metrics import RequestOutcome, summarize
 from bot.sim.trace import Trace, TraceRequest, load_trace, to_review_request
 from bot.stats import profile_verdict, service_profile
 from bot.status.accuracy import EtaRecorder, render_eta_errors
-from bot.status.eta import Capacity
 
 log = logging.getLogger(__name__)
 
@@ -206,12 +205,7 @@ async def replay_trace(
     if record_eta:
         eta = EtaRecorder(
             store.status,
-            capacity=Capacity(
-                slots=slots,
-                mlfq=dispatcher.settings.mlfq,
-                line_budget=pipeline.planning.line_budget,
-                first_budget=pipeline.planning.first_budget,
-            ),
+            capacity=pipeline.eta_capacity(),
             estimator=lambda: dispatcher.estimator,
         )
     events: list[tuple[float, int, int, Any]] = []
