@@ -78,11 +78,9 @@ def estimate_rows(
     estimator: ServiceEstimator,
     now: datetime,
     arrivals: Arrivals | None = None,
-    calibration: Calibration | None = None,
 ) -> dict[int, Estimate]:
-    """Place, start and end of every live job in `rows`: the dry run's (with the work expected
-    to arrive meanwhile, `arrivals`), scaled by what the ETA learnt of its misses per level
-    (`calibration`) when given."""
+    """Place, start and end of every live job in `rows`: the dry run's, with the work
+    expected to arrive meanwhile (`arrivals`); `standings` scales them by what the ETA learnt."""
     loads = [
         job_load(
             live_calls(row),
@@ -93,10 +91,7 @@ def estimate_rows(
         )
         for row in rows
     ]
-    estimates = estimate_queue(loads, capacity, arrivals)
-    if calibration is None:
-        return estimates
-    return {job_id: calibrated(estimate, calibration) for job_id, estimate in estimates.items()}
+    return estimate_queue(loads, capacity, arrivals)
 
 
 def calibrated(estimate: Estimate, calibration: Calibration) -> Estimate:
