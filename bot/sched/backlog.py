@@ -9,7 +9,7 @@ spreads over idle workers, and the scheduler learns sooner what a review really 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from bot.model import Level
 
@@ -17,9 +17,11 @@ from bot.model import Level
 DEFAULT_BACKLOG_FACTOR = 2.0
 
 
-def is_backlogged(ready: Mapping[Level, int], slots: int, factor: float) -> bool:
-    """True when more chunks are ready, over all levels, than `factor` per worker slot."""
-    return sum(ready.values()) > factor * max(1, slots)
+def is_backlogged(ready: Mapping[Level, int] | Sequence[int], slots: int, factor: float) -> bool:
+    """True when more chunks are ready, over all levels, than `factor` per worker slot
+    (`ready`: counts by level, or in level order)."""
+    total = sum(ready.values()) if isinstance(ready, Mapping) else sum(ready)
+    return total > factor * max(1, slots)
 
 
 __all__ = ["DEFAULT_BACKLOG_FACTOR", "is_backlogged"]

@@ -69,10 +69,7 @@ class MlfqSettings:
     def backlogged(self, ready: LevelCounts, total_slots: int) -> bool:
         """Whether these ready chunks queue beyond `total_slots` slots: the one test behind
         the backlog's shares and the backlog's larger chunks."""
-        counts = _counts(ready)
-        return is_backlogged(
-            dict(zip(LEVELS, counts, strict=True)), total_slots, self.backlog_factor
-        )
+        return is_backlogged(ready, total_slots, self.backlog_factor)
 
     def weights_for(self, ready: LevelCounts, total_slots: int) -> tuple[int, int, int, int]:
         """The shares that apply with these ready chunks on `total_slots` slots."""

@@ -13,6 +13,9 @@ def test_more_than_two_ready_chunks_per_slot_over_all_levels_is_a_backlog() -> N
     ready = {Level.P0: 0, Level.P1: 10, Level.P2: 5, Level.P3: 1}  # 16 over 8 slots
     assert not is_backlogged(ready, 8, DEFAULT_BACKLOG_FACTOR)
     assert is_backlogged({**ready, Level.P3: 2}, 8, DEFAULT_BACKLOG_FACTOR)
+    # Counts in level order, as the scheduler's load keeps them, read the same.
+    assert not is_backlogged([0, 10, 5, 1], 8, DEFAULT_BACKLOG_FACTOR)
+    assert is_backlogged([0, 10, 5, 2], 8, DEFAULT_BACKLOG_FACTOR)
 
 
 def test_no_slot_counts_as_one() -> None:
