@@ -89,6 +89,20 @@ HELD_OUT: dict[str, tuple[str, Callable[[], Trace]]] = {
         lambda: two_peaks(1357),
     ),
     "peaky-5150": _generated("morning", "peak_share=0.8", "peak_width_s=900", seed=5150),
+    # Picked before their first replay to judge P2's weight 0 while work queues (8:16:0:1,
+    # bot/config.py), which was chosen on 8080 and 6060 above.
+    "morning-2468": _generated("morning", seed=2468),
+    "overloaded-1900": _generated("morning", "requests=1300", "peak_share=0.75", seed=1900),
+    "heavy-tail-8642": _generated("heavy-tail", seed=8642),
+    "peaky-3030": _generated("morning", "peak_share=0.8", "peak_width_s=600", seed=3030),
+    "refactors-7777": _generated("morning", "refactor_share=0.08", "large_share=0.1", seed=7777),
+    "two-peaks-2222": (
+        "two mornings of 500 in one day (seeds 2222 and 2223)",
+        lambda: two_peaks(2222),
+    ),
+    "cost-spread-1111": _generated(
+        "morning", "requests=1200", "per_line_sigma=0.5", "noise_sigma=0.35", seed=1111
+    ),
 }
 
 

@@ -163,22 +163,26 @@ class SchedulerSettings(Section):
     # P0 never waits for a share. P1 holds most reviews and so most of the mean turnaround.
     # While the queue keeps up, P2 gets 2 slots for P1's 6: its large reviews then end sooner,
     # and so do P1's large reviews dropped to P2 by feedback. While work queues (more ready
-    # chunks than two per slot, bot/sched/backlog.py) each P2 slot keeps many short P1 reviews
-    # waiting, so P1's share rises to 16. Against one set of 8:10:2:1 shares this took the
-    # worst of 25 mornings from 1.16x the clairvoyant bound's mean to 1.13x and the public
-    # morning from 1.11x to 1.04x (docs/benchmarks.md, "Weights").
+    # chunks than two per slot, bot/sched/backlog.py) every slot P2 holds keeps many short P1
+    # reviews waiting, and a share of any size kept P2 one slot; so P2's weight is 0 then: it
+    # takes a slot only when no other level has work for it (a weight of 0 means that), until
+    # the backlog clears or aging lifts a waiting job. P3's small bot reviews keep their slot.
+    # Against 8:16:2:1 this took the worst of 25 mornings from 1.13x the clairvoyant bound's
+    # mean to 1.06x and the public morning from 1.04x to 0.99x, with P2's P95 still within
+    # 1.02x the bound's (docs/benchmarks.md, "Weights").
     weights: tuple[int, int, int, int] = knob(
         (8, 6, 2, 1),
         "REVIEW_BOT_WEIGHTS",
-        "level weights P0..P3 while the queue keeps up",
+        "level weights P0..P3 while the queue keeps up; a level of weight 0 takes a slot only "
+        "when no other level has work for it",
         shown="`8,6,2,1`",
     )
     backlog_weights: tuple[int, int, int, int] = knob(
-        (8, 16, 2, 1),
+        (8, 16, 0, 1),
         "REVIEW_BOT_BACKLOG_WEIGHTS",
-        "level weights P0..P3 while work queues (more ready chunks than two per slot); set "
-        "them to REVIEW_BOT_WEIGHTS for one set of shares",
-        shown="`8,16,2,1`",
+        "level weights P0..P3 while work queues (more ready chunks than two per slot): P2 "
+        "waits for the other levels then; set them to REVIEW_BOT_WEIGHTS for one set of shares",
+        shown="`8,16,0,1`",
     )
     # GPU seconds a job may use at a level before it drops one (P3 has no quantum).
     quantum_s: tuple[float, float, float] = knob(
@@ -252,14 +256,23 @@ class SchedulerSettings(Section):
         listed = _split(raw)
         count = 3 if info.field_name == "quantum_s" else 4
         if isinstance(listed, list) and len(listed) != count:
-            raise ValueError(f"must be {count} positive numbers")
+            what = "positive numbers" if count == 3 else "numbers"
+            raise ValueError(f"must be {count} {what}")
         return listed
 
-    @field_validator("weights", "backlog_weights", "quantum_s")
+    @field_validator("quantum_s")
     @classmethod
     def _positive(cls, values: tuple[float, ...]) -> tuple[float, ...]:
         if any(value <= 0 for value in values):
             raise ValueError("must be positive numbers")
+        return values
+
+    @field_validator("weights", "backlog_weights")
+    @classmethod
+    def _shares(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        # 0 is a share too (the level waits for the others); P0 never waits, so it needs one.
+        if values[0] <= 0 or any(value < 0 for value in values):
+            raise ValueError("must be numbers of 0 or more, P0's positive")
         return values
 
 

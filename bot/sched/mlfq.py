@@ -42,8 +42,10 @@ class MlfqSettings:
 
     def __post_init__(self) -> None:
         for name, weights in (("weights", self.weights), ("backlog_weights", self.backlog_weights)):
-            if len(weights) != 4 or any(weight <= 0 for weight in weights):
-                raise ValueError(f"{name} must be four positive numbers, got {weights}")
+            if len(weights) != 4 or weights[0] <= 0 or any(weight < 0 for weight in weights):
+                raise ValueError(
+                    f"{name} must be four numbers, P0's positive and none negative, got {weights}"
+                )
         if len(self.quantum_s) != 3 or any(quantum <= 0 for quantum in self.quantum_s):
             raise ValueError(f"quantum_s must be three positive numbers, got {self.quantum_s}")
         if self.aging_interval_s <= 0:
@@ -117,14 +119,18 @@ def _counts(values: LevelCounts) -> tuple[int, int, int, int]:
 def order_levels(
     *, running: LevelCounts, ready: LevelCounts, weights: Sequence[float]
 ) -> tuple[Level, ...]:
-    """Levels with ready work, most deserving first: P0, then the smallest running/weight share."""
+    """Levels with ready work, most deserving first: P0, then the smallest running/weight share,
+    then the levels of weight 0, which take a slot only when no other level has work for it."""
     running_counts = _counts(running)
     ready_counts = _counts(ready)
     candidates = [level for level in LEVELS if ready_counts[level] > 0]
 
     def key(level: Level) -> tuple[int, float, int]:
-        urgent = 0 if level == Level.P0 else 1
-        return (urgent, running_counts[level] / weights[level], int(level))
+        if level == Level.P0:
+            return (0, 0.0, 0)
+        if weights[level] <= 0:
+            return (2, float(running_counts[level]), int(level))
+        return (1, running_counts[level] / weights[level], int(level))
 
     return tuple(sorted(candidates, key=key))
 
@@ -144,7 +150,8 @@ def choose_slot(
 
     Work-conserving over the levels with ready work; P0 never waits for a share. Shares are
     first divided among the levels with new work (first chunks of jobs that have not started:
-    a job's wait ends when its first call starts), then among all levels with ready work. The
+    a job's wait ends when its first call starts), then among all levels with ready work; a
+    level of weight 0 comes after all of them, new work or not (the backlog's P2). The
     last `reserved_slots` free slots take only P0 or short work while other slots are busy,
     and are lent to other work while none is ready.
     """
@@ -171,7 +178,11 @@ def choose_slot(
             levels=short_levels, max_rank=settings.short_work_s, reason="reserved for short work"
         )
     if ready_new_work is not None:
-        new_work_levels = order_levels(running=running, ready=ready_new_work, weights=weights)
+        new_work_levels = tuple(
+            level
+            for level in order_levels(running=running, ready=ready_new_work, weights=weights)
+            if level == Level.P0 or weights[level] > 0
+        )
         if new_work_levels:
             rest = tuple(level for level in levels if level not in new_work_levels)
             return SlotChoice(levels=new_work_levels + rest, reason="weighted share of new work")

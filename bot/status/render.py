@@ -116,8 +116,13 @@ def _method(facts: StatusFacts, level: str) -> str:
     weights = _ratio(facts.weights)
     shares = f", shared by level weights {weights}" if weights else ""
     backlog = _ratio(facts.backlog_weights)
+    notes = []
     if weights and backlog and backlog != weights:
-        shares += f" ({backlog} while work queues)"
+        notes.append(f"{backlog} while work queues")
+    if weights and 0 in (*(facts.weights or ()), *(facts.backlog_weights or ())):
+        notes.append("a level at 0 waits until the others have no work")
+    if notes:
+        shares += f" ({'; '.join(notes)})"
     return (
         f"_Estimated from the work queued ahead at {level} and above, {engines}{shares}, and "
         "the expected length of each review from its changed lines; work that arrives later "

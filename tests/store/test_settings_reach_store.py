@@ -78,13 +78,17 @@ def test_both_sets_of_level_weights_reach_the_dispatcher() -> None:
         mlfq = dispatcher_settings(_settings(environment), owner="d").mlfq
         return mlfq.weights, mlfq.backlog_weights
 
-    assert shares({}) == ((8, 6, 2, 1), (8, 16, 2, 1))
+    assert shares({}) == ((8, 6, 2, 1), (8, 16, 0, 1))
     assert shares({"REVIEW_BOT_WEIGHTS": "9,3,2,1", "REVIEW_BOT_BACKLOG_WEIGHTS": "9,3,2,1"}) == (
         (9, 3, 2, 1),
         (9, 3, 2, 1),
     )
     with pytest.raises(ConfigError, match="REVIEW_BOT_BACKLOG_WEIGHTS"):
         _settings({"REVIEW_BOT_BACKLOG_WEIGHTS": "8,16,2"})
+    with pytest.raises(ConfigError, match=r"REVIEW_BOT_WEIGHTS.*P0's positive"):
+        _settings({"REVIEW_BOT_WEIGHTS": "0,6,2,1"})
+    with pytest.raises(ConfigError, match="REVIEW_BOT_BACKLOG_WEIGHTS"):
+        _settings({"REVIEW_BOT_BACKLOG_WEIGHTS": "8,16,-2,1"})
 
 
 async def test_the_backlog_chunk_size_reaches_planning_and_the_dispatcher() -> None:

@@ -64,6 +64,34 @@ def test_one_set_of_shares_when_the_backlog_weights_equal_the_weights() -> None:
     assert queued is not None and queued.level == Level.P2
 
 
+def test_a_level_of_weight_0_takes_a_slot_only_when_no_other_level_has_work() -> None:
+    settings = MlfqSettings(weights=(8, 6, 2, 1), backlog_weights=(8, 16, 0, 1), reserved_slots=0)
+    # Work queues (24 ready on 8 slots). P2 runs nothing and has new work, P1 has only
+    # continuations ready: P1 is served first all the same, and P3 keeps its slot.
+    queued = choose_slot(running=[0, 6, 0, 0], ready=[0, 12, 12, 0], ready_new_work=[0, 0, 12, 0],
+                         free_slots=1, total_slots=8, settings=settings)  # fmt: skip
+    assert queued is not None and queued.levels == (Level.P1, Level.P2)
+    bots = choose_slot(running=[0, 6, 0, 0], ready=[0, 12, 12, 1], ready_new_work=[0, 0, 12, 1],
+                       free_slots=1, total_slots=8, settings=settings)  # fmt: skip
+    assert bots is not None and bots.levels == (Level.P3, Level.P1, Level.P2)
+    # Work-conserving: with nothing else ready, P2 takes the slot.
+    alone = choose_slot(running=[0, 0, 1, 0], ready=[0, 0, 30, 0], ready_new_work=[0, 0, 30, 0],
+                        free_slots=1, total_slots=8, settings=settings)  # fmt: skip
+    assert alone is not None and alone.level == Level.P2
+    # While the queue keeps up, P2's share of 2 holds as before.
+    keeping_up = choose_slot(running=[0, 6, 0, 0], ready=[0, 3, 3, 0], ready_new_work=[0, 0, 3, 0],
+                             free_slots=1, total_slots=8, settings=settings)  # fmt: skip
+    assert keeping_up is not None and keeping_up.level == Level.P2
+
+
+def test_p0_needs_a_positive_weight_and_no_weight_is_negative() -> None:
+    assert MlfqSettings(backlog_weights=(8, 16, 0, 0)).backlog_weights == (8, 16, 0, 0)
+    with pytest.raises(ValueError, match="P0's positive"):
+        MlfqSettings(weights=(0, 6, 2, 1))
+    with pytest.raises(ValueError, match="none negative"):
+        MlfqSettings(backlog_weights=(8, 16, -1, 1))
+
+
 def test_an_empty_level_gives_its_share_away() -> None:
     choice = choose_slot(
         running=[0, 7, 0, 0], ready=[0, 3, 0, 0], free_slots=1, total_slots=8, settings=SETTINGS
@@ -146,7 +174,7 @@ def test_feedback_drops_one_level_after_the_quantum() -> None:
 
 def test_settings_validate_and_come_from_the_bot_settings() -> None:
     with pytest.raises(ValueError, match="weights"):
-        MlfqSettings(weights=(1, 0, 1, 1))
+        MlfqSettings(weights=(0, 1, 1, 1))
     with pytest.raises(ValueError, match="backlog_weights"):
         MlfqSettings(backlog_weights=(1, 1, 1))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quantum"):

@@ -99,11 +99,15 @@ def test_work_still_arriving_above_a_job_delays_it_and_below_does_not() -> None:
     assert estimate_queue(behind, Capacity(slots=1, mlfq=NO_RESERVE), short)[2].finish_in_s == (
         pytest.approx(76.0)
     )
-    # A stream below the job's level does not hold it back.
+    # A stream below the job's level does not hold it back, while P2 has a share...
     low = Arrivals({Level.P3: 10.0}, {Level.P3: (QueuedCall(8.0, 8.0),)}, horizon_s=900.0)
-    assert estimate_queue(behind, Capacity(slots=1, mlfq=NO_RESERVE), low)[2].finish_in_s == (
+    shares = replace(NO_RESERVE, backlog_weights=(8, 16, 2, 1))
+    assert estimate_queue(behind, Capacity(slots=1, mlfq=shares), low)[2].finish_in_s == (
         pytest.approx(60.0)
     )
+    # ...but at the backlog's weight 0 (two chunks queued on one slot), P2 waits for it too.
+    waits = estimate_queue(behind, Capacity(slots=1, mlfq=NO_RESERVE), low)[2]
+    assert waits.finish_in_s > 60.0 + 8.0
 
 
 def test_the_stream_is_read_from_the_recent_window_and_played_as_long_again() -> None:
@@ -191,10 +195,15 @@ def test_levels_share_the_slots_by_weight() -> None:
     # Four slots, a deep P1 and a deep P2 queue: the scheduler gives P1 about twice P2's slots.
     jobs = [single(i, Level.P1, 10.0) for i in range(40)]
     jobs += [single(100 + i, Level.P2, 10.0) for i in range(40)]
-    estimates = estimate_queue(jobs, Capacity(slots=3, mlfq=NO_RESERVE))
+    shares = replace(NO_RESERVE, backlog_weights=(8, 16, 2, 1))
+    estimates = estimate_queue(jobs, Capacity(slots=3, mlfq=shares))
     p1_done = max(estimates[i].finish_in_s for i in range(40))
     p2_done_by_then = sum(1 for i in range(40) if estimates[100 + i].finish_in_s <= p1_done)
     assert 15 <= p2_done_by_then <= 25  # 40 P1 jobs at 2 slots: P2 ran 1 slot meanwhile
+    # At the backlog's default shares P2's weight is 0: it waits until P1 has no work left.
+    waiting = estimate_queue(jobs, Capacity(slots=3, mlfq=NO_RESERVE))
+    p1_done = max(waiting[i].finish_in_s for i in range(40))
+    assert min(waiting[100 + i].start_in_s for i in range(40)) >= p1_done - 10.0
 
 
 def test_a_longer_queue_ahead_means_a_later_eta() -> None:
@@ -204,9 +213,14 @@ def test_a_longer_queue_ahead_means_a_later_eta() -> None:
     one_slot = Capacity(slots=1, mlfq=NO_RESERVE)
     assert estimate_queue([mine, *short], one_slot)[1].finish_in_s == pytest.approx(40.0)
     assert estimate_queue([mine, *long], one_slot)[1].finish_in_s == pytest.approx(310.0)
-    # Two slots: the weighted share gives P2 one of them at once, however long P1's queue.
-    two_slots = Capacity(slots=2, mlfq=NO_RESERVE)
+    # Two slots: a weighted share gives P2 one of them at once, however long P1's queue...
+    shares = replace(NO_RESERVE, backlog_weights=(8, 16, 2, 1))
+    two_slots = Capacity(slots=2, mlfq=shares)
     assert estimate_queue([mine, *long], two_slots)[1].finish_in_s == pytest.approx(10.0)
+    # ...and the backlog's weight 0 keeps it waiting while work queues: it starts once no
+    # more than two chunks per slot are ready (three P1s left), at 130 s.
+    waiting = Capacity(slots=2, mlfq=NO_RESERVE)
+    assert estimate_queue([mine, *long], waiting)[1].finish_in_s == pytest.approx(140.0)
 
 
 def test_the_reserved_slot_serves_short_work_first_then_is_lent() -> None:
@@ -510,7 +524,12 @@ def test_the_queued_status_reads_level_place_eta_and_why() -> None:
     assert "Expected start:** in about 10 s" in text.summary
     assert "8 worker slots, shared by level weights 8:4:2:1," in text.summary
     queued_up = render_status(report, replace(facts, backlog_weights=(8, 16, 2, 1)), now=NOW)
-    assert "level weights 8:4:2:1 (8:16:2:1 while work queues)" in queued_up.summary
+    assert "level weights 8:4:2:1 (8:16:2:1 while work queues)," in queued_up.summary
+    waits = render_status(report, replace(facts, backlog_weights=(8, 16, 0, 1)), now=NOW)
+    assert (
+        "level weights 8:4:2:1 (8:16:0:1 while work queues; a level at 0 waits until the others "
+        "have no work)," in waits.summary
+    )
 
 
 def test_a_stacked_review_says_what_it_waits_for_instead_of_its_place() -> None:
