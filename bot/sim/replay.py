@@ -574,6 +574,8 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
             batching=batched,
             forge_budget=budget,
             learned_costs=getattr(args, "estimate", "line") == "learned",
+            # The scheduler's knobs as `bot serve` reads them (weights, quanta, aging).
+            mlfq=MlfqSettings.from_scheduler_settings(settings.scheduler),
         )
 
     def runs(url: str) -> dict[str, Any]:

@@ -89,31 +89,55 @@ def test_simulate_without_a_trace_replays_the_generated_morning(
     assert args.trace is None
 
 
+async def run_bot(env: dict[str, str], cwd: Path, *command: str) -> bytes:
+    """`python -m bot COMMAND` as a user runs it; its standard output (it must succeed)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "--log-level",
+        "WARNING",
+        *command,
+        env=env,
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=300)
+    assert process.returncode == 0, stderr.decode()
+    return stdout
+
+
 @pytest.mark.slow
 async def test_generate_then_simulate_on_a_plain_clone(tmp_path: Path, db_url: str) -> None:
     """As a user runs it: a trace written by `bot trace generate`, replayed by `bot simulate`."""
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(REPO_ROOT)}
     out = tmp_path / "small.jsonl"
-    for command in (
-        ["trace", "generate", "--shape", "small", "--seed", "3", "--out", str(out)],
-        ["simulate", "--trace", str(out), "--json"],
-    ):
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bot",
-            "--log-level",
-            "WARNING",
-            *command,
-            env=env,
-            cwd=tmp_path,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=300)
-        assert process.returncode == 0, stderr.decode()
-    result = json.loads(stdout)
+    await run_bot(env, tmp_path, "trace", "generate", "--shape", "small", "--seed", "3",
+                  "--out", str(out))  # fmt: skip
+    result = json.loads(await run_bot(env, tmp_path, "simulate", "--trace", str(out), "--json"))
     assert result["posted"] == result["requests"] == 200, result
+
+
+@pytest.mark.slow
+async def test_simulate_schedules_with_the_scheduler_settings_bot_serve_reads(
+    tmp_path: Path, db_url: str
+) -> None:
+    """REVIEW_BOT_WEIGHTS and REVIEW_BOT_BACKLOG_WEIGHTS reach the replay: cutting P1's share
+    from 6 (16 while work queues) to 1 makes its reviews wait longer on two workers."""
+    env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(REPO_ROOT)}
+    out = tmp_path / "small.jsonl"
+    await run_bot(env, tmp_path, "trace", "generate", "--shape", "small", "--seed", "4",
+                  "--requests", "80", "--out", str(out))  # fmt: skip
+
+    async def p1_mean(**settings: str) -> float:
+        stdout = await run_bot({**env, **settings}, tmp_path, "simulate", "--trace", str(out),
+                               "--workers", "2", "--json")  # fmt: skip
+        return float(json.loads(stdout)["levels"]["P1"]["turnaround"]["mean"])
+
+    default = await p1_mean()
+    starved = await p1_mean(REVIEW_BOT_WEIGHTS="8,1,8,1", REVIEW_BOT_BACKLOG_WEIGHTS="8,1,8,1")
+    assert starved > 1.2 * default
 
 
 def test_help_shows_defaults_environment_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
