@@ -167,6 +167,7 @@ class SchedulerSettings(Section):
     # reviews waiting, and a share of any size kept P2 one slot; so P2's weight is 0 then: it
     # takes a slot only when no other level has work for it (a weight of 0 means that), until
     # the backlog clears or aging lifts a waiting job. P3's small bot reviews keep their slot.
+    # The price: P2's first chunks wait out a burst, some past P2's 5-minute wait alert.
     # Against 8:16:2:1 this took the worst of 25 mornings from 1.13x the clairvoyant bound's
     # mean to 1.06x and the public morning from 1.04x to 0.99x, with P2's P95 still within
     # 1.02x the bound's (docs/benchmarks.md, "Weights").
