@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,24 +121,31 @@ async def test_generate_then_simulate_on_a_plain_clone(tmp_path: Path, db_url: s
 
 
 @pytest.mark.slow
-async def test_simulate_schedules_with_the_scheduler_settings_bot_serve_reads(
+async def test_simulate_schedules_and_plans_with_the_settings_bot_serve_reads(
     tmp_path: Path, db_url: str
 ) -> None:
     """REVIEW_BOT_WEIGHTS and REVIEW_BOT_BACKLOG_WEIGHTS reach the replay: cutting P1's share
-    from 6 (16 while work queues) to 1 makes its reviews wait longer on two workers."""
+    from 6 (16 while work queues) to 1 makes its reviews wait longer on two workers; and
+    REVIEW_BOT_BACKLOG_CHUNK_LINES=0 (no larger chunks while work queues) costs more calls."""
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(REPO_ROOT)}
     out = tmp_path / "small.jsonl"
     await run_bot(env, tmp_path, "trace", "generate", "--shape", "small", "--seed", "4",
                   "--requests", "80", "--out", str(out))  # fmt: skip
 
-    async def p1_mean(**settings: str) -> float:
+    async def replay(**settings: str) -> dict[str, Any]:
         stdout = await run_bot({**env, **settings}, tmp_path, "simulate", "--trace", str(out),
                                "--workers", "2", "--json")  # fmt: skip
-        return float(json.loads(stdout)["levels"]["P1"]["turnaround"]["mean"])
+        result: dict[str, Any] = json.loads(stdout)
+        return result
 
-    default = await p1_mean()
-    starved = await p1_mean(REVIEW_BOT_WEIGHTS="8,1,8,1", REVIEW_BOT_BACKLOG_WEIGHTS="8,1,8,1")
-    assert starved > 1.2 * default
+    def p1_mean(result: dict[str, Any]) -> float:
+        return float(result["levels"]["P1"]["turnaround"]["mean"])
+
+    default = await replay()
+    starved = await replay(REVIEW_BOT_WEIGHTS="8,1,8,1", REVIEW_BOT_BACKLOG_WEIGHTS="8,1,8,1")
+    assert p1_mean(starved) > 1.2 * p1_mean(default)
+    small_chunks = await replay(REVIEW_BOT_BACKLOG_CHUNK_LINES="0")
+    assert small_chunks["gpu_s"] > default["gpu_s"]
 
 
 def test_help_shows_defaults_environment_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
