@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -66,6 +66,12 @@ class Section(BaseModel):
     """A group of knobs; immutable, unknown names refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def valid_shares(weights: Sequence[float]) -> bool:
+    """Four level weights, none negative, P0's positive: 0 is a share too (the level waits for
+    the others), and P0 never waits."""
+    return len(weights) == 4 and weights[0] > 0 and all(weight >= 0 for weight in weights)
 
 
 def _split(raw: object) -> object:
@@ -271,8 +277,7 @@ class SchedulerSettings(Section):
     @field_validator("weights", "backlog_weights")
     @classmethod
     def _shares(cls, values: tuple[int, ...]) -> tuple[int, ...]:
-        # 0 is a share too (the level waits for the others); P0 never waits, so it needs one.
-        if values[0] <= 0 or any(value < 0 for value in values):
+        if not valid_shares(values):
             raise ValueError("must be numbers of 0 or more, P0's positive")
         return values
 

@@ -85,6 +85,14 @@ class ServedBudget:
     backlog_line_budget: int | None = None
 
 
+def configured_budget(settings: Settings, *, ceiling: int = DEFAULT_LINE_BUDGET) -> ServedBudget:
+    """The chunk budgets the settings give before any served model is asked: `ceiling` lines,
+    the configured context allowance and the backlog's lines (REVIEW_BOT_BACKLOG_CHUNK_LINES)."""
+    return ServedBudget(
+        ceiling, settings.review.context_tokens, settings.scheduler.backlog_chunk_lines or None
+    )
+
+
 async def served_budget(
     settings: Settings, *, ceiling: int = DEFAULT_LINE_BUDGET, fit_context: bool = True
 ) -> ServedBudget:
@@ -95,8 +103,8 @@ async def served_budget(
 
     Raises ValueError when the context cannot hold a useful chunk (a configuration error).
     """
-    backlog = settings.scheduler.backlog_chunk_lines or None
-    configured = ServedBudget(ceiling, settings.review.context_tokens, backlog)
+    configured = configured_budget(settings, ceiling=ceiling)
+    backlog = configured.backlog_line_budget
     if (settings.llm.backend or "").strip().lower() != "openai" or not settings.llm.base_urls:
         return configured
     async with aiohttp.ClientSession() as session:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from bot.config import DEFAULTS, SchedulerSettings
+from bot.config import DEFAULTS, SchedulerSettings, valid_shares
 from bot.model import LEVELS, Level
 from bot.sched.backlog import DEFAULT_BACKLOG_FACTOR, is_backlogged
 
@@ -42,7 +42,7 @@ class MlfqSettings:
 
     def __post_init__(self) -> None:
         for name, weights in (("weights", self.weights), ("backlog_weights", self.backlog_weights)):
-            if len(weights) != 4 or weights[0] <= 0 or any(weight < 0 for weight in weights):
+            if not valid_shares(weights):
                 raise ValueError(
                     f"{name} must be four numbers, P0's positive and none negative, got {weights}"
                 )

@@ -26,6 +26,7 @@ from bot.budget.decide import BudgetLimits
 from bot.clock import EPOCH, VirtualClock
 from bot.components import planning_settings
 from bot.config import DEFAULT_POLICY_DIR, SchedulerSettings, Settings, WindowSettings
+from bot.engine_setup import configured_budget
 from bot.errors import ReviewBotError
 from bot.llm.base import LLMRequest
 from bot.llm.batching import BatchingProfile, get_profile
@@ -35,7 +36,6 @@ from bot.pipeline import build_pipeline
 from bot.policy import PolicyBook, evaluate, load_policy_book
 from bot.queue.store import Leased, QueueSettings, QueueStore
 from bot.review.chunk_review import default_request
-from bot.review.chunking import DEFAULT_LINE_BUDGET
 from bot.review.planner import PlanningSettings
 from bot.sched.dispatcher import DispatcherSettings
 from bot.sched.engine_pool import EnginePool
@@ -564,13 +564,13 @@ def run_simulation_command(args: argparse.Namespace, settings: Settings) -> int:
     budget = limits_for(budget_name) if budget_name and budget_name != "none" else None
     profile_name = getattr(args, "batching", None)
     batching = get_profile(profile_name) if profile_name else None
-    # Planning as `bot serve` plans for a backend that is not a served model: the default line
-    # budget, the configured context allowance and backlog chunks.
+    # Planning as `bot serve` plans for a backend that is not a served model.
+    budget_lines = configured_budget(settings)
     planning = planning_settings(
         settings,
-        line_budget=DEFAULT_LINE_BUDGET,
-        context_tokens=settings.review.context_tokens,
-        backlog_line_budget=settings.scheduler.backlog_chunk_lines or None,
+        line_budget=budget_lines.line_budget,
+        context_tokens=budget_lines.context_tokens,
+        backlog_line_budget=budget_lines.backlog_line_budget,
     )
 
     def run(url: str, batched: BatchingProfile | None = None) -> dict[str, Any]:
