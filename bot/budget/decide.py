@@ -96,6 +96,7 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class Spend:
+    write_id: int = 0  # the ledger's id of the write, once recorded
     kind: Literal["spend"] = "spend"
 
 

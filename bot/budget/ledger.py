@@ -95,8 +95,12 @@ class ClaimRequest:
 class WriteBudget(Protocol):
     """What the forge clients need: spend before a write, pause when the forge says so."""
 
-    async def spend(self, key: BudgetKey, *, action: str, value: WriteValue) -> None:
-        """Wait for room, then count the write; raises WriteHeld when it must not go out."""
+    async def spend(self, key: BudgetKey, *, action: str, value: WriteValue) -> int:
+        """Wait for room, then count the write; raises WriteHeld when it must not go out.
+        Returns the write's id for `answered`."""
+
+    async def answered(self, key: BudgetKey, write_id: int) -> None:
+        """The forge answered write `write_id` (or the call ended): it counts from now on."""
 
     async def hold(self, key: BudgetKey, seconds: float) -> None:
         """No write of `key` before `seconds` from now (the forge's Retry-After)."""
@@ -139,7 +143,7 @@ class _BudgetLoop:
     async def _forget(self, key: BudgetKey, claim_id: int) -> None:
         raise NotImplementedError
 
-    async def spend(self, key: BudgetKey, *, action: str, value: WriteValue) -> None:
+    async def spend(self, key: BudgetKey, *, action: str, value: WriteValue) -> int:
         intent = current_intent()
         first = self.now()
         request = ClaimRequest(
@@ -160,7 +164,7 @@ class _BudgetLoop:
                     self.spent += 1
                     self.waited_s += (now - first).total_seconds()
                     claim_id = None  # the step removed it
-                    return
+                    return verdict.write_id
                 if isinstance(verdict, Drop):
                     claim_id = None
                     raise WriteDropped(f"{action} for {key}: {verdict.reason}")
@@ -241,7 +245,7 @@ class PostgresWriteBudget(_BudgetLoop):
                     claim_id, request.value, request.level, requested_at, target=request.target
                 )
                 verdict = await self._decide(conn, name, me, limits, now, stale, blocked_until)
-                await self._settle(conn, name, me, request, verdict, now)
+                verdict = await self._settle(conn, name, me, request, verdict, now)
                 return verdict, claim_id
         except StoreError as exc:
             raise ForgeError(f"the write budget of {key} is not readable: {exc}") from exc
@@ -274,13 +278,14 @@ class PostgresWriteBudget(_BudgetLoop):
         request: ClaimRequest,
         verdict: Verdict,
         now: datetime,
-    ) -> None:
+    ) -> Verdict:
+        """Leave the line unless waiting; record a spend (the verdict returned carries its id)."""
         if isinstance(verdict, Wait):
-            return
+            return verdict
         await conn.execute(sql.DELETE_CLAIM, {"id": me.id})
         if not isinstance(verdict, Spend):
-            return
-        await conn.execute(
+            return verdict
+        write_id = await conn.scalar(
             sql.RECORD_WRITE,
             {
                 "key": name,
@@ -297,6 +302,7 @@ class PostgresWriteBudget(_BudgetLoop):
         await conn.execute(sql.PRUNE_WRITES, {"key": name, "before": before})
         stale = now - timedelta(seconds=HOUR_S)
         await conn.execute(sql.PRUNE_CLAIMS, {"key": name, "before": stale})
+        return Spend(write_id=int(write_id))
 
     async def _forget(self, key: BudgetKey, claim_id: int) -> None:
         try:
@@ -309,6 +315,20 @@ class PostgresWriteBudget(_BudgetLoop):
                 key,
                 exc,
                 extra={"action": "budget_claim_left"},
+            )
+
+    async def answered(self, key: BudgetKey, write_id: int) -> None:
+        try:
+            async with self.connector.transaction() as conn:
+                await conn.execute(sql.WRITE_ANSWERED, {"id": write_id, "now": self.now()})
+        except StoreError as exc:
+            # The write is out; its decision time still counts it, a little early.
+            log.warning(
+                "write %s of %s not re-timed: %s",
+                write_id,
+                key,
+                exc,
+                extra={"action": "budget_write_untimed"},
             )
 
     async def hold(self, key: BudgetKey, seconds: float) -> None:
@@ -339,7 +359,7 @@ class PostgresWriteBudget(_BudgetLoop):
 
 @dataclass(slots=True)
 class _LocalState:
-    spent: list[datetime] = field(default_factory=list)
+    spent: dict[int, datetime] = field(default_factory=dict)  # write id -> when it counts
     claims: dict[int, tuple[Claim, datetime]] = field(default_factory=dict)
     blocked_until: datetime | None = None
 
@@ -377,18 +397,26 @@ class LocalWriteBudget(_BudgetLoop):
         state.claims[claim_id] = (me, now)
         waiting = [claim for claim, seen in state.claims.values() if seen > stale]
         horizon = now - timedelta(seconds=limits.horizon_s)
-        state.spent = [moment for moment in state.spent if moment > horizon]
+        state.spent = {key: moment for key, moment in state.spent.items() if moment > horizon}
+        spent = sorted(state.spent.values())
         verdict = decide_spend(
-            me, waiting, state.spent, now=now, limits=limits, blocked_until=state.blocked_until
+            me, waiting, spent, now=now, limits=limits, blocked_until=state.blocked_until
         )
         if not isinstance(verdict, Wait):
             state.claims.pop(claim_id, None)
         if isinstance(verdict, Spend):
-            state.spent.append(now)
+            self._ids += 1
+            state.spent[self._ids] = now
+            verdict = Spend(write_id=self._ids)
         return verdict, claim_id
 
     async def _forget(self, key: BudgetKey, claim_id: int) -> None:
         self._states.setdefault(str(key), _LocalState()).claims.pop(claim_id, None)
+
+    async def answered(self, key: BudgetKey, write_id: int) -> None:
+        spent = self._states.setdefault(str(key), _LocalState()).spent
+        if write_id in spent:
+            spent[write_id] = max(spent[write_id], self.now())
 
     async def hold(self, key: BudgetKey, seconds: float) -> None:
         state = self._states.setdefault(str(key), _LocalState())

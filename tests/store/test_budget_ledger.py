@@ -258,3 +258,31 @@ async def test_a_write_that_waits_past_the_token_hour_goes_out_with_a_fresh_toke
     assert len(comment_times(emulator)) == 3
     assert comment_times(emulator)[-1] - comment_times(emulator)[0] >= timedelta(hours=1)
     assert not [item for item in emulator.state.requests if item.status == 401]
+
+
+@pytest.mark.parametrize("home", ["postgres", "local"])
+async def test_a_write_counts_from_when_the_forge_answered_it(
+    home: str, connectors: tuple[Connector, Connector], clock: VirtualClock
+) -> None:
+    """The minute's 10 writes are decided at once but answered 20 s later (a loaded machine,
+    a slow forge): the forge timed them on arrival, so the 11th waits for the minute after the
+    answers, not after the decisions. Counting from the decision let one write too many through
+    when two dispatchers shared a budget on a busy machine."""
+    budget: PostgresWriteBudget | LocalWriteBudget
+    if home == "postgres":
+        budget = shared(connectors[0], clock)
+    else:
+        settings = BudgetSettings({"github": TIGHT}, stale_s=600.0, poll_max_s=1.0)
+        budget = LocalWriteBudget(now=clock.now, sleep=clock.sleep, settings=settings)
+    decided = clock.now()
+    with writing(WriteIntent(level=0)):
+        written = [
+            await budget.spend(KEY, action="fill", value=WriteValue.REVIEW) for _ in range(10)
+        ]
+        clock.advance(20)
+        for write_id in written:
+            await budget.answered(KEY, write_id)
+        await budget.spend(KEY, action="post_review", value=WriteValue.REVIEW)
+    waited = (clock.now() - decided).total_seconds()
+    assert waited >= 20 + 60 + TIGHT.margin_s
+    assert waited < 20 + 60 + TIGHT.margin_s + 2  # and no longer than the next poll

@@ -65,7 +65,15 @@ RECORD_WRITE = statement(
     """
     INSERT INTO forge_writes (budget_key, spent_at, asked_at, value, level, action, job_id)
     VALUES (:key, :now, :asked_at, :value, :level, :action, :job_id)
+    RETURNING id
     """
+)
+
+# The forge has answered the write: it counts from then on. The forge times a write when it
+# arrives, which can be well after the decision on a loaded machine, so a window counted from
+# the decision alone could let one write too many through.
+WRITE_ANSWERED = statement(
+    "UPDATE forge_writes SET spent_at = GREATEST(spent_at, :now) WHERE id = :id"
 )
 
 # Writes older than any window, and claims long dead.
