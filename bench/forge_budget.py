@@ -156,7 +156,8 @@ async def run_forge(url: str, forge: Forge, *, requests: int, speed: float, seed
                 "github": replace(GITHUB_LIMITS, margin_s=margin),
                 "gitlab": replace(GITLAB_LIMITS, margin_s=margin),
             },
-            stale_s=30.0 * max(1.0, speed / 20),
+            # Longer than a waiter's look (poll_max_s) at any speed, or a live claim lapses.
+            stale_s=max(90.0, 30.0 * speed / 20),
             poll_max_s=60.0,
         ),
     )

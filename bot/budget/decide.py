@@ -74,6 +74,11 @@ class BudgetLimits:
         )
 
     @property
+    def answer_lead_s(self) -> float:
+        """How long before the forge's answer a write is counted from (see `counted_from`)."""
+        return max(0.0, min(self.margin_s, self.min_interval_s))
+
+    @property
     def horizon_s(self) -> float:
         """How far back spent writes still count."""
         return max((seconds for seconds, _ in self.windows()), default=0.0) + self.margin_s
@@ -155,6 +160,20 @@ def reserve_for(claim: Claim, limit: int, limits: BudgetLimits) -> int:
     share = values[min(int(claim.value), len(values) - 1)]
     share += levels[min(max(int(claim.level), 0), len(levels) - 1)]
     return min(limit - 1, math.ceil(limit * share)) if share > 0 else 0
+
+
+def counted_from(answered_at: datetime, limits: BudgetLimits) -> datetime:
+    """When a write the forge has answered counts from (for the windows and the interval), if
+    later than its decision.
+
+    The forge times a write when it arrives, somewhere between the decision and the answer; on
+    a loaded machine that can be seconds after the decision, and a window counted from the
+    decision alone once let two dispatchers put one write too many in GitHub's minute. Counted
+    from the answer less `answer_lead_s` (at most `margin_s`, which every window adds past its
+    edge), no window can end up short; the lead, as long as the minimum interval, keeps the
+    next write free to go at the answer rather than an interval after it.
+    """
+    return answered_at - timedelta(seconds=limits.answer_lead_s)
 
 
 def next_slot(

@@ -27,6 +27,7 @@ from bot.budget.decide import (
     Verdict,
     Wait,
     WriteValue,
+    counted_from,
     decide_spend,
 )
 from bot.budget.intent import (
@@ -318,9 +319,10 @@ class PostgresWriteBudget(_BudgetLoop):
             )
 
     async def answered(self, key: BudgetKey, write_id: int) -> None:
+        at = counted_from(self.now(), self.settings.limits_of(key.forge))
         try:
             async with self.connector.transaction() as conn:
-                await conn.execute(sql.WRITE_ANSWERED, {"id": write_id, "now": self.now()})
+                await conn.execute(sql.WRITE_ANSWERED, {"id": write_id, "at": at})
         except StoreError as exc:
             # The write is out; its decision time still counts it, a little early.
             log.warning(
@@ -416,7 +418,8 @@ class LocalWriteBudget(_BudgetLoop):
     async def answered(self, key: BudgetKey, write_id: int) -> None:
         spent = self._states.setdefault(str(key), _LocalState()).spent
         if write_id in spent:
-            spent[write_id] = max(spent[write_id], self.now())
+            limits = self.settings.limits_of(key.forge)
+            spent[write_id] = max(spent[write_id], counted_from(self.now(), limits))
 
     async def hold(self, key: BudgetKey, seconds: float) -> None:
         state = self._states.setdefault(str(key), _LocalState())

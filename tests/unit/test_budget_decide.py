@@ -17,6 +17,7 @@ from bot.budget.decide import (
     Wait,
     WriteValue,
     coalesce,
+    counted_from,
     decide_spend,
     next_slot,
     reserve_for,
@@ -277,3 +278,54 @@ def test_a_played_burst_posts_the_p0_review_first_and_coalesces_statuses() -> No
     assert len(finals) == 200  # every final state goes out
     assert len(firsts) < 200  # the statuses that waited were coalesced into their final state
     assert within_windows([moment for moment in played if moment is not None], limits)
+
+
+def forge_minute_holds(arrivals: list[float], limit: int) -> bool:
+    """What the forge checks: no 60 s ending at an arrival holds more than `limit` arrivals."""
+    ordered = sorted(arrivals)
+    return all(
+        sum(1 for other in ordered if moment - 60.0 < other <= moment) <= limit
+        for moment in ordered
+    )
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(min_value=0, max_value=30), st.floats(min_value=0, max_value=30)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_a_write_counted_from_its_answer_never_overfills_the_forges_minute(
+    delays: list[tuple[float, float]],
+) -> None:
+    """Writes go one after another, each leaving as soon as the ledger allows, arriving at the
+    forge up to 30 s after its decision and answered up to 30 s later: counted from the answer
+    less the lead, the forge never sees more than its limit in a minute. Counted from the
+    decision (the old ledger), one slow write let a fifth into GitHub's minute of 4."""
+    limits = BudgetLimits(per_minute=4, per_hour=0, min_interval_s=1.0, margin_s=1.0)
+    stamps: list[float] = []
+    arrivals: list[float] = []
+    moment = 0.0
+    for to_forge, to_answer in delays:
+        decided = next_slot(sorted(stamps), after=moment, limits=limits)
+        arrived = decided + to_forge
+        answered = arrived + to_answer
+        at = counted_from(EPOCH + timedelta(seconds=answered), limits)
+        stamps.append(max(decided, (at - EPOCH).total_seconds()))
+        arrivals.append(arrived)
+        moment = answered
+    assert forge_minute_holds(arrivals, limits.per_minute)
+
+
+def test_the_next_write_may_go_when_the_last_is_answered_not_an_interval_later() -> None:
+    """GitHub's second between writes is counted from the answer less the same second: the
+    pace of one write a second holds however long the forge takes to answer."""
+    answered = NOW
+    at = counted_from(answered, GITHUB)
+    assert at == answered - timedelta(seconds=GITHUB.min_interval_s)
+    seconds = (at - EPOCH).total_seconds()
+    assert (
+        next_slot([seconds], after=(answered - EPOCH).total_seconds(), limits=GITHUB)
+        == (answered - EPOCH).total_seconds()
+    )

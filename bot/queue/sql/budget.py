@@ -69,11 +69,10 @@ RECORD_WRITE = statement(
     """
 )
 
-# The forge has answered the write: it counts from then on. The forge times a write when it
-# arrives, which can be well after the decision on a loaded machine, so a window counted from
-# the decision alone could let one write too many through.
+# The forge has answered the write: it counts from `:at` (bot.budget.decide.counted_from) if that
+# is later than its decision.
 WRITE_ANSWERED = statement(
-    "UPDATE forge_writes SET spent_at = GREATEST(spent_at, :now) WHERE id = :id"
+    "UPDATE forge_writes SET spent_at = GREATEST(spent_at, :at) WHERE id = :id"
 )
 
 # Writes older than any window, and claims long dead.
