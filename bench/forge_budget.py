@@ -156,9 +156,12 @@ async def run_forge(url: str, forge: Forge, *, requests: int, speed: float, seed
                 "github": replace(GITHUB_LIMITS, margin_s=margin),
                 "gitlab": replace(GITLAB_LIMITS, margin_s=margin),
             },
-            # Longer than a waiter's look (poll_max_s) at any speed, or a live claim lapses.
-            stale_s=max(90.0, 30.0 * speed / 20),
-            poll_max_s=60.0,
+            # A claim lapses after `stale_s`, which must outlast a waiter's look (`poll_max_s`)
+            # and stay under a final status's minute-long wait: a status the publisher left in
+            # line holds the writes behind it until it lapses, and at 90 s each such status
+            # made the next one give up too (one final check run a pass).
+            stale_s=30.0 * max(1.0, speed / 20),
+            poll_max_s=min(60.0, 20.0 * max(1.0, speed / 20)),
         ),
     )
     started = time.monotonic()
