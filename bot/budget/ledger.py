@@ -101,7 +101,8 @@ class WriteBudget(Protocol):
         Returns the write's id for `answered`."""
 
     async def answered(self, key: BudgetKey, write_id: int) -> None:
-        """The forge answered write `write_id` (or the call ended): it counts from now on."""
+        """The forge answered write `write_id` (or the call ended): it counts from then on,
+        less the lead of `counted_from`."""
 
     async def hold(self, key: BudgetKey, seconds: float) -> None:
         """No write of `key` before `seconds` from now (the forge's Retry-After)."""

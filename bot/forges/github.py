@@ -360,21 +360,20 @@ class GitHubClient:
                 if found is not None:
                     return found
             try:
-                if write is None:
-                    token = await self._access_token(repo, installation_id)
-                    await check_write_guard(action)
-                    return await operation(token)
-                if self._token is None:
-                    await self._installation_for(repo, installation_id)
-                key = self._budget_key(repo)
-                write_id = await self._budget.spend(key, action=action, value=write)
+                spent: tuple[BudgetKey, int] | None = None
+                if write is not None:
+                    if self._token is None:
+                        await self._installation_for(repo, installation_id)
+                    key = self._budget_key(repo)
+                    spent = (key, await self._budget.spend(key, action=action, value=write))
                 try:
                     # After the budget's wait (which can outlast an installation token's hour).
                     token = await self._access_token(repo, installation_id)
                     await check_write_guard(action)
                     return await operation(token)
                 finally:
-                    await self._budget.answered(key, write_id)
+                    if spent is not None:
+                        await self._budget.answered(*spent)
             except gidgethub.HTTPException as exc:
                 error = translate_github_error(exc, now=self._clock())
                 if error.status == 401 and self._token is None and not refreshed:

@@ -190,15 +190,15 @@ class GitLabClient:
                 found = await recheck()
                 if found is not None:
                     return found
-            if write is None:
-                await check_write_guard(action)
-                return await asyncio.to_thread(run)
-            write_id = await self._budget.spend(self._budget_key, action=action, value=write)
+            write_id = None
+            if write is not None:
+                write_id = await self._budget.spend(self._budget_key, action=action, value=write)
             try:
                 await check_write_guard(action)
                 return await asyncio.to_thread(run)
             finally:
-                await self._budget.answered(self._budget_key, write_id)
+                if write_id is not None:
+                    await self._budget.answered(self._budget_key, write_id)
 
         async def on_retry(exc: ForgeError) -> None:
             if exc.retry_after is not None and write is not None:
