@@ -145,6 +145,9 @@ class _BudgetLoop:
     async def _forget(self, key: BudgetKey, claim_id: int) -> None:
         raise NotImplementedError
 
+    async def _defer(self, key: BudgetKey, claim_id: int, now: datetime) -> None:
+        raise NotImplementedError
+
     async def spend(self, key: BudgetKey, *, action: str, value: WriteValue) -> int:
         intent = current_intent()
         first = self.now()
@@ -177,8 +180,10 @@ class _BudgetLoop:
                 if max_wait_s is not None and (now - first).total_seconds() + verdict.seconds > (
                     max_wait_s
                 ):
-                    # The claim stays in line until it goes stale or a newer one replaces it.
-                    claim_id = None
+                    # The claim leaves the line, which must not keep a slot for a writer that
+                    # is gone, and keeps its place for the target's next claim until stale.
+                    deferred, claim_id = claim_id, None
+                    await asyncio.shield(self._defer(key, deferred, now))
                     raise WriteDeferred(
                         f"{action} for {key}: no room for {verdict.seconds:.0f} s",
                         retry_after=verdict.seconds,
@@ -319,6 +324,19 @@ class PostgresWriteBudget(_BudgetLoop):
                 extra={"action": "budget_claim_left"},
             )
 
+    async def _defer(self, key: BudgetKey, claim_id: int, now: datetime) -> None:
+        try:
+            async with self.connector.transaction() as conn:
+                await conn.execute(sql.DEFER_CLAIM, {"id": claim_id, "now": now})
+        except StoreError as exc:
+            log.warning(
+                "claim %s of %s not marked deferred (it holds the line until stale): %s",
+                claim_id,
+                key,
+                exc,
+                extra={"action": "budget_claim_left"},
+            )
+
     async def answered(self, key: BudgetKey, write_id: int) -> None:
         at = counted_from(self.now(), self.settings.limits_of(key.forge))
         try:
@@ -364,6 +382,7 @@ class PostgresWriteBudget(_BudgetLoop):
 class _LocalState:
     spent: dict[int, datetime] = field(default_factory=dict)  # write id -> when it counts
     claims: dict[int, tuple[Claim, datetime]] = field(default_factory=dict)
+    deferred: set[int] = field(default_factory=set)  # claims out of the line, lending a place
     blocked_until: datetime | None = None
 
 
@@ -398,7 +417,14 @@ class LocalWriteBudget(_BudgetLoop):
             return Superseded(0), claim_id
         me = Claim(claim_id, request.value, request.level, requested_at, target=request.target)
         state.claims[claim_id] = (me, now)
-        waiting = [claim for claim, seen in state.claims.values() if seen > stale]
+        long_dead = now - timedelta(seconds=HOUR_S)
+        state.claims = {key: item for key, item in state.claims.items() if item[1] > long_dead}
+        state.deferred &= state.claims.keys()
+        waiting = [
+            claim
+            for claim, seen in state.claims.values()
+            if seen > stale and claim.id not in state.deferred
+        ]
         horizon = now - timedelta(seconds=limits.horizon_s)
         state.spent = {key: moment for key, moment in state.spent.items() if moment > horizon}
         spent = sorted(state.spent.values())
@@ -415,6 +441,11 @@ class LocalWriteBudget(_BudgetLoop):
 
     async def _forget(self, key: BudgetKey, claim_id: int) -> None:
         self._states.setdefault(str(key), _LocalState()).claims.pop(claim_id, None)
+
+    async def _defer(self, key: BudgetKey, claim_id: int, now: datetime) -> None:
+        state = self._states.setdefault(str(key), _LocalState())
+        if claim_id in state.claims:
+            state.deferred.add(claim_id)
 
     async def answered(self, key: BudgetKey, write_id: int) -> None:
         spent = self._states.setdefault(str(key), _LocalState()).spent

@@ -406,7 +406,9 @@ forge_writes = Table(
 )
 
 # Created by migration 0013: writes waiting for their budget, by any process; a claim not
-# looked at for a while is ignored (its process died).
+# looked at for a while is ignored (its process died). Migration 0018: a claim whose writer
+# gave up waiting (deferred_at) is out of the line and only lends its place to the next claim
+# for its target.
 forge_write_claims = Table(
     "forge_write_claims",
     metadata,
@@ -418,6 +420,7 @@ forge_write_claims = Table(
     Column("job_id", BigInteger),
     Column("requested_at", DateTime(timezone=True), nullable=False),
     Column("seen_at", DateTime(timezone=True), nullable=False),
+    Column("deferred_at", DateTime(timezone=True)),
     Index("ix_forge_write_claims_budget", "budget_key", "seen_at"),
 )
 

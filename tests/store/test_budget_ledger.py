@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import aiohttp
@@ -12,7 +13,7 @@ from aiohttp import web
 from sqlalchemy import text
 
 from bot.budget.decide import BudgetLimits, WriteValue
-from bot.budget.intent import WriteDropped, WriteIntent, writing
+from bot.budget.intent import WriteDeferred, WriteDropped, WriteIntent, writing
 from bot.budget.ledger import (
     BudgetKey,
     BudgetSettings,
@@ -286,3 +287,97 @@ async def test_a_write_counts_from_when_the_forge_answered_it(
     waited = (clock.now() - decided).total_seconds()
     assert waited >= 20 + 60 + TIGHT.margin_s
     assert waited < 20 + 60 + TIGHT.margin_s + 2  # and no longer than the next poll
+
+
+# No shares kept for more valuable or more urgent writes: only the line's order decides.
+PLAIN = BudgetLimits(
+    per_minute=10,
+    per_hour=0,
+    min_interval_s=0.0,
+    margin_s=0.5,
+    value_reserve=(0.0,) * 6,
+    level_reserve=(0.0,) * 4,
+)
+
+
+@pytest.mark.parametrize("home", ["postgres", "local"])
+async def test_a_write_whose_writer_gave_up_holds_no_slot_but_keeps_its_place(
+    home: str, connectors: tuple[Connector, Connector], clock: VirtualClock
+) -> None:
+    """The minute is spent, its slots come free 5 s apart. A status that may wait 5 s gives up
+    (WriteDeferred); a write behind it in line then takes the first free slot, not the one
+    after it. When the status is tried again it keeps the place it had, ahead of a write that
+    asked after it. A deferred claim used to hold the first slot until it went stale, so every
+    write behind it waited a slot more, and a publisher whose statuses kept giving up held the
+    budget one write a pass."""
+    settings = BudgetSettings({"github": PLAIN}, stale_s=600.0, poll_max_s=1.0)
+    budget: PostgresWriteBudget | LocalWriteBudget
+    if home == "postgres":
+        budget = PostgresWriteBudget(
+            connectors[0], now=clock.now, sleep=clock.sleep, settings=settings
+        )
+    else:
+        budget = LocalWriteBudget(now=clock.now, sleep=clock.sleep, settings=settings)
+    filled = clock.now()
+    with writing(WriteIntent(level=1)):
+        for _ in range(10):
+            await budget.spend(KEY, action="fill", value=WriteValue.REVIEW)
+            clock.advance(5)
+    status = WriteIntent(level=1, value=WriteValue.FIRST_STATUS, target="status:7", max_wait_s=5)
+    with writing(status), pytest.raises(WriteDeferred):
+        await budget.spend(KEY, action="status", value=WriteValue.FIRST_STATUS)
+    with writing(WriteIntent(level=1, value=WriteValue.FIRST_STATUS, target="status:8")):
+        await budget.spend(KEY, action="behind", value=WriteValue.FIRST_STATUS)
+    first_slot = filled + timedelta(seconds=60 + PLAIN.margin_s)
+    assert first_slot <= clock.now() < first_slot + timedelta(seconds=2)
+
+    # From here the test moves the clock: each waiting write sleeps until woken, so both
+    # claims are in line before a slot comes free, whichever task the loop runs first.
+    stepped = SteppedSleep()
+    budget.sleep = stepped.sleep
+    order: list[str] = []
+
+    async def write(intent: WriteIntent, action: str) -> None:
+        with writing(intent):
+            await budget.spend(KEY, action=action, value=WriteValue.FIRST_STATUS)
+        order.append(action)
+
+    later_intent = WriteIntent(level=1, value=WriteValue.FIRST_STATUS, target="status:9")
+    later = asyncio.create_task(write(later_intent, "later"))
+    await stepped.asleep(1)  # the later write is in line first
+    retried = asyncio.create_task(write(replace(status, max_wait_s=None), "retried"))
+    await stepped.asleep(2)
+    clock.set(filled + timedelta(seconds=65 + PLAIN.margin_s))  # the second slot comes free
+    await stepped.wake()
+    await stepped.asleep(1)
+    assert order == ["retried"]
+    clock.advance(5)
+    await stepped.wake()
+    await asyncio.gather(later, retried)
+    assert order == ["retried", "later"]
+
+
+class SteppedSleep:
+    """A sleep that returns only when the test wakes the sleepers: it counts who is asleep."""
+
+    def __init__(self) -> None:
+        self.sleeping = 0
+        self.round = 0
+        self.changed = asyncio.Condition()
+
+    async def sleep(self, seconds: float) -> None:
+        async with self.changed:
+            mine = self.round
+            self.sleeping += 1
+            self.changed.notify_all()
+            await self.changed.wait_for(lambda: self.round != mine)
+
+    async def asleep(self, count: int) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.sleeping >= count)
+
+    async def wake(self) -> None:
+        async with self.changed:
+            self.round += 1
+            self.sleeping = 0
+            self.changed.notify_all()

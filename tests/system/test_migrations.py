@@ -328,7 +328,8 @@ async def test_database_at_head_stamped_with_its_earlier_id_upgrades(
     id, is restamped with the current id once, runs only the migrations added since, and
     still goes down and up to named targets, current ones or earlier ones."""
     fresh = await _schema(db_url)
-    assert fresh["revision"] == [(current_head(),)] == [("0017_status_wake_after_insert",)]
+    assert fresh["revision"] == [(current_head(),)] == [("0018_budget_claim_deferred",)]
+    await downgrade_database(db_url, "0016_retry_columns_contract")
     await _stamp(db_url, "0026_retry_columns_contract")
     with caplog.at_level(logging.INFO, logger="bot.db"):
         await upgrade_database(db_url)

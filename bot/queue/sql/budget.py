@@ -21,7 +21,8 @@ UPSERT_BUDGET = statement(
     """
 )
 
-# A new claim; a claim replacing one of the same target keeps that one's place in line.
+# A new claim; a claim replacing one of the same target keeps that one's place in line (a
+# deferred one's too: its writer is trying again).
 INSERT_CLAIM = statement(
     """
     INSERT INTO forge_write_claims (budget_key, value, level, target, job_id, requested_at,
@@ -40,14 +41,19 @@ TOUCH_CLAIM = statement(
     "UPDATE forge_write_claims SET seen_at = :now WHERE id = :id RETURNING requested_at"
 )
 
+# The writer of a claim gave up waiting (WriteDeferred): it leaves the line, and lends its place
+# to the same target's next claim until it goes stale.
+DEFER_CLAIM = statement("UPDATE forge_write_claims SET deferred_at = :now WHERE id = :id")
+
 # A claim that spent, was dropped or gave up leaves the line.
 DELETE_CLAIM = statement("DELETE FROM forge_write_claims WHERE id = :id")
 
-# The live claims of a budget (claims of dead processes go stale and are ignored).
+# The live claims of a budget (claims of dead processes go stale and are ignored, deferred ones
+# wait for no room).
 SELECT_CLAIMS = statement(
     """
     SELECT id, value, level, target, requested_at FROM forge_write_claims
-    WHERE budget_key = :key AND seen_at > :stale
+    WHERE budget_key = :key AND seen_at > :stale AND deferred_at IS NULL
     """
 )
 

@@ -165,7 +165,8 @@ SELECT_FORGE_BUDGETS = statement(
            count(w.id) AS hour_used,
            (SELECT count(*) FROM forge_write_claims c
             WHERE c.budget_key = b.budget_key
-              AND c.seen_at > CAST(:now AS timestamptz) - interval '1 minute') AS waiting
+              AND c.seen_at > CAST(:now AS timestamptz) - interval '1 minute'
+              AND c.deferred_at IS NULL) AS waiting
     FROM forge_budgets b
     LEFT JOIN forge_writes w
       ON w.budget_key = b.budget_key AND w.spent_at > CAST(:now AS timestamptz) - interval '1 hour'
