@@ -13,8 +13,9 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
+from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bot.budget.decide import (
@@ -311,46 +312,41 @@ class PostgresWriteBudget(_BudgetLoop):
         await conn.execute(sql.PRUNE_CLAIMS, {"key": name, "before": stale})
         return Spend(write_id=int(write_id))
 
-    async def _forget(self, key: BudgetKey, claim_id: int) -> None:
+    async def _best_effort(
+        self, statement: TextClause, params: dict[str, Any], *, failed: str, action: str
+    ) -> None:
+        """Run one statement; when the database is not there, log `failed` and go on."""
         try:
             async with self.connector.transaction() as conn:
-                await conn.execute(sql.DELETE_CLAIM, {"id": claim_id})
+                await conn.execute(statement, params)
         except StoreError as exc:
-            log.warning(
-                "claim %s of %s not removed (it goes stale): %s",
-                claim_id,
-                key,
-                exc,
-                extra={"action": "budget_claim_left"},
-            )
+            log.warning("%s: %s", failed, exc, extra={"action": action})
+
+    async def _forget(self, key: BudgetKey, claim_id: int) -> None:
+        await self._best_effort(
+            sql.DELETE_CLAIM,
+            {"id": claim_id},
+            failed=f"claim {claim_id} of {key} not removed (it goes stale)",
+            action="budget_claim_left",
+        )
 
     async def _defer(self, key: BudgetKey, claim_id: int, now: datetime) -> None:
-        try:
-            async with self.connector.transaction() as conn:
-                await conn.execute(sql.DEFER_CLAIM, {"id": claim_id, "now": now})
-        except StoreError as exc:
-            log.warning(
-                "claim %s of %s not marked deferred (it holds the line until stale): %s",
-                claim_id,
-                key,
-                exc,
-                extra={"action": "budget_claim_left"},
-            )
+        await self._best_effort(
+            sql.DEFER_CLAIM,
+            {"id": claim_id, "now": now},
+            failed=f"claim {claim_id} of {key} not marked deferred (it holds the line until stale)",
+            action="budget_claim_left",
+        )
 
     async def answered(self, key: BudgetKey, write_id: int) -> None:
         at = counted_from(self.now(), self.settings.limits_of(key.forge))
-        try:
-            async with self.connector.transaction() as conn:
-                await conn.execute(sql.WRITE_ANSWERED, {"id": write_id, "at": at})
-        except StoreError as exc:
-            # The write is out; its decision time still counts it, a little early.
-            log.warning(
-                "write %s of %s not re-timed: %s",
-                write_id,
-                key,
-                exc,
-                extra={"action": "budget_write_untimed"},
-            )
+        # Not re-timed, the write is still counted from its decision: a little early.
+        await self._best_effort(
+            sql.WRITE_ANSWERED,
+            {"id": write_id, "at": at},
+            failed=f"write {write_id} of {key} not re-timed",
+            action="budget_write_untimed",
+        )
 
     async def hold(self, key: BudgetKey, seconds: float) -> None:
         limits = self.settings.limits_of(key.forge)
