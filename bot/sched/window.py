@@ -220,14 +220,9 @@ def adapt_window(
             return _decide(measured, grow_to, grow_reason, settings)
         # Too little throughput for the extra places: they add latency and take the room a
         # P0 chunk would need. Go all the way back (after a doubling too: halfway would lie
-        # past a knee that peaks), or probes would creep up by halves. The window before keeps
-        # its own interval as the comparison point, as after trouble: compared with the failed
-        # grow's, one slow interval back there (a P0 taking calls back, a few long prompts)
-        # read as a shrink that cost throughput and sent it up again (4 -> 8 -> 4 -> 8 on a
-        # CPU server that makes 0.7x its best at 8).
+        # past a knee that peaks), or probes would creep up by halves.
         reason: WindowReason = "latency_up" if slower else "no_gain"
-        back = replace(state, slow_start=False, slow_intervals=0)
-        return _decide(back, previous, reason, settings)
+        return _decide(replace(measured, slow_start=False), previous, reason, settings)
     if window < previous:
         # A smaller window that keeps the tokens/s (by the same elasticity, within the noise
         # tolerance) is the better one: it leaves a P0 room and shortens every call. Without

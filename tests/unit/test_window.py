@@ -203,21 +203,6 @@ def test_trouble_right_after_a_grow_goes_back_to_the_window_before_it() -> None:
     assert deep.window == 6 and deep.state.tokens_per_s is None
 
 
-def test_a_failed_grow_is_not_tried_again_on_one_slow_interval_back_before_it() -> None:
-    # A CPU server whose best is 4: slow start's doubling to 8 gives 0.7x and goes back. A
-    # slow interval at 4 (a P0 took calls back) is judged against 4's own interval, so it
-    # holds; judged against 8's it read as a shrink that cost throughput and went back to 8.
-    grown = replace(measured(4, 32.0, 0.12), window=8, slow_start=True)
-    back = adapt_window(grown, interval(22.0, 0.36), SETTINGS)
-    assert (back.reason, back.window) == ("latency_up", 4)
-    assert back.state.measured_window == 4 and back.state.tokens_per_s == 32.0
-    slow = adapt_window(back.state, interval(17.0, 0.2), SETTINGS)
-    assert (slow.reason, slow.window) == ("hold", 4)
-    # Two slow intervals in a row at 4 still shrink it, as at any window.
-    again = adapt_window(slow.state, interval(17.0, 0.2), SETTINGS)
-    assert (again.reason, again.window) == ("latency_up", 3)
-
-
 def test_a_baseline_after_a_back_off_holds_until_compared() -> None:
     backed = adapt_window(measured(20, 100.0, 0.1), interval(150.0, 0.05, overloads=2), SETTINGS)
     assert backed.window == 10 and backed.state.tokens_per_s is None
